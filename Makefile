@@ -1,0 +1,26 @@
+# Two entry points: `make demo` (the main job on the built-in digits data) and `make test`.
+# Both create .venv and install fedcli into it on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fedcli partition --source digits --nodes 3 --exp results/demo --overwrite
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/dataset_throughput.py
+
+clean:
+	rm -rf $(VENV) results/demo .pytest_cache

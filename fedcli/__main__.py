@@ -1,0 +1,3 @@
+from fedcli.cli import main
+
+main()

@@ -1,0 +1,142 @@
+"""Artifact I/O: atomic writes, staged output folders, JSON/CSV/safetensors helpers, provenance.
+
+A stage writes everything into a hidden staging folder next to its final one and renames it
+into place only when it has finished, so an error never leaves a partial artifact behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from fedcli import __version__
+from fedcli.errors import UserError
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+UMASK = current_umask()  # temp files and folders get private modes; finished ones get the usual
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o666 & ~UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def canonical_json(obj: Any) -> str:
+    """Deterministic JSON: sorted keys, no whitespace variation; the input of every content hash."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode())
+
+
+def read_json(path: Path, what: str) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} not found at {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{what} at {path} is not valid JSON ({exc}); recreate it") from exc
+
+
+def write_csv(path: Path, frame) -> None:
+    atomic_write_bytes(path, frame.to_csv(index=False, lineterminator="\n").encode())
+
+
+def sha256_bytes(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def save_tensors(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
+    """Safetensors file written atomically: the only format a peer's model or buffer travels in."""
+    from safetensors.torch import save
+
+    contiguous = {name: tensor.contiguous() for name, tensor in tensors.items()}
+    atomic_write_bytes(path, save(contiguous, metadata=dict(metadata or {})))
+
+
+def load_tensors(path: Path, what: str) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} not found at {path}")
+    try:
+        return load(path.read_bytes())
+    except (SafetensorError, ValueError, OSError) as exc:
+        raise UserError(f"{what} at {path} is corrupt ({exc}); recreate it") from exc
+
+
+def provenance(stage: str, config: Mapping[str, Any], seed: int, inputs: Mapping[str, str]) -> dict:
+    """The `config.json` every artifact folder carries: enough to detect a stale input."""
+    return {
+        "stage": stage,
+        "fedcli_version": __version__,
+        "seed": seed,
+        "config": dict(config),
+        "inputs": dict(inputs),
+    }
+
+
+@contextlib.contextmanager
+def staged_output(final: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield an empty staging folder that replaces `final` only if the block succeeds."""
+    final = Path(final)
+    check_output_free(final, overwrite)
+    created_parents = [p for p in reversed(final.parents) if not p.exists()]
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.staging-"))
+    os.chmod(staging, 0o777 & ~UMASK)
+    try:
+        yield staging
+        if final.exists():
+            trash = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
+            os.replace(final, trash / final.name)
+            os.replace(staging, final)
+            shutil.rmtree(trash)
+        else:
+            os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for parent in reversed(created_parents):
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        raise
+
+
+def check_output_free(final: Path, overwrite: bool) -> None:
+    if Path(final).exists() and not overwrite:
+        raise UserError(f"{final} already exists; pass --overwrite to replace it")

@@ -1,0 +1,147 @@
+"""The `fedcli` command line: option parsing and pretty output only; the stages hold the logic."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from fedcli import __version__, console
+from fedcli.config import PartitionConfig, Scheme, Source, Task, resolve
+from fedcli.errors import UserError
+
+EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
+CONFIG_HELP = "TOML recipe; its [stage] table sets options, which options given here override."
+
+
+class OneLineErrors(TyperGroup):
+    """Every error a user can cause ends in one line and exit code 2, with no traceback."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except UserError as exc:
+            console.error(str(exc))
+            sys.exit(2)
+        except typer.Abort:
+            console.error("aborted")
+            sys.exit(1)
+        except Exception as exc:  # the CLI parser's own usage errors
+            if not hasattr(exc, "format_message") or not hasattr(exc, "exit_code"):
+                raise
+            command = getattr(getattr(exc, "ctx", None), "command_path", "fedcli")
+            console.error(f"{exc.format_message()} (see '{command} --help')")
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(
+    cls=OneLineErrors,
+    help="Decentralized federated learning on medical images with experience replay of "
+    "privacy-preserving synthetic data (FedER).\n\n"
+    "Stages, each reading the previous one's artifacts from --exp DIR: "
+    "partition -> train-gan -> federate -> audit-privacy -> report.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def show_version(value: bool) -> None:
+    if value:
+        console.out.print(f"fedcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(False, "--version", callback=show_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """fedcli."""
+
+
+def given_on_command_line(ctx: typer.Context) -> set[str]:
+    return {name for name in ctx.params if (src := ctx.get_parameter_source(name)) and src.name == "COMMANDLINE"}
+
+
+@app.command(epilog="Example: fedcli partition --source digits --nodes 3 --exp results/demo")
+def partition(
+    ctx: typer.Context,
+    exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
+    source: Source = typer.Option("digits", help="Dataset reader: digits (built in, offline), tuberculosis, "
+                                  "isic2019, medmnist, folders, csv."),
+    data_dir: Optional[Path] = typer.Option(None, help="Where the real data lies (a folder; a .npz or .csv "
+                                            "file for medmnist/csv). Not used by digits."),
+    scheme: Optional[Scheme] = typer.Option(None, help="How samples become nodes. Default: site-shift for "
+                                            "digits, iid for medmnist, source otherwise.", show_default=False),
+    nodes: Optional[int] = typer.Option(None, help="Number of nodes for iid, dirichlet and site-shift "
+                                        "[default: 3].", show_default=False),
+    alpha: float = typer.Option(0.5, help="Dirichlet concentration; smaller = stronger label skew."),
+    site: Optional[str] = typer.Option(None, help="Keep one site of a multi-site source before an iid split "
+                                       "(e.g. shenzhen)."),
+    task: Task = typer.Option("melanoma", help="isic2019 only: melanoma (binary, FedER) or multiclass (8)."),
+    test_fraction: float = typer.Option(0.2, help="Share of each node held out as a class-balanced test set."),
+    folds: int = typer.Option(5, help="Stratified cross-validation folds over each node's train part."),
+    image_size: int = typer.Option(32, help="Image side in pixels for every later stage (power of two >= 16)."),
+    channels: Optional[int] = typer.Option(None, help="1 (grayscale) or 3 (RGB). Default: what the images "
+                                           "are.", show_default=False),
+    seed: int = typer.Option(0, help="Seed of every random choice."),
+    config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
+    overwrite: bool = typer.Option(False, help="Replace an existing <exp>/partition."),
+) -> None:
+    """Split a dataset into federated nodes with class-balanced test sets and CV folds.
+
+    Writes <exp>/partition/manifest.json, summary.csv, summary.png and config.json.
+    """
+    from fedcli.data.partition import run
+    from fedcli.data.summary import partition_table, short_test_notes
+
+    params = dict(ctx.params)
+    cfg = resolve(PartitionConfig, params, given_on_command_line(ctx), params.pop("config"), "partition")
+    manifest = run(cfg)
+    console.out.print(partition_table(manifest))
+    for key, count in (manifest["dropped"] or {}).items():
+        if count:
+            console.out.print(f"dropped {count} images with {key}")
+    for note in short_test_notes(manifest):
+        console.out.print(f"note: {note}")
+    console.out.print(f"wrote {manifest.path.parent}")
+
+
+def not_yet(stage: str, issue: str) -> None:
+    raise UserError(f"fedcli {stage} is not yet available ({issue}); only fedcli partition runs today")
+
+
+@app.command("train-gan", epilog="Example: fedcli train-gan --exp results/demo")
+def train_gan(exp: Path = typer.Option(..., "--exp", help=EXP_HELP)) -> None:
+    """Train each node's conditional GAN with the LPIPS privacy loss and sample its synthetic buffer."""
+    not_yet("train-gan", "the GAN stage")
+
+
+@app.command(epilog="Example: fedcli federate --strategy feder --strategy fedavg --exp results/demo")
+def federate(exp: Path = typer.Option(..., "--exp", help=EXP_HELP)) -> None:
+    """Run FedER and the baselines (FedAvg, FedProx, FedBN, standalone, centralized) on the partition."""
+    not_yet("federate", "the federation stage")
+
+
+@app.command("audit-privacy", epilog="Example: fedcli audit-privacy --exp results/demo")
+def audit_privacy(exp: Path = typer.Option(..., "--exp", help=EXP_HELP)) -> None:
+    """Project real images into each generator's latent space and score what the buffers reveal."""
+    not_yet("audit-privacy", "the privacy audit stage")
+
+
+@app.command(epilog="Example: fedcli report --exp results/demo")
+def report(exp: Path = typer.Option(..., "--exp", help=EXP_HELP)) -> None:
+    """Turn an experiment's artifacts into the study's tables and figures."""
+    not_yet("report", "the report stage")
+
+
+def main() -> None:
+    app()

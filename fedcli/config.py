@@ -1,0 +1,128 @@
+"""Typed stage configurations: a TOML recipe plus CLI options resolve into one config.
+
+Precedence: an option given on the command line, else the recipe's `[stage]` table, else the
+option's default. Recipe keys are the command's option names (`test-fraction` or
+`test_fraction`); an unknown key or table is an error that names the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from fedcli.errors import UserError
+
+STAGE_TABLES = ("partition", "train_gan", "federate", "audit", "report")
+
+Source = Literal["digits", "tuberculosis", "isic2019", "medmnist", "folders", "csv"]
+Scheme = Literal["source", "iid", "dirichlet", "site-shift"]
+Task = Literal["melanoma", "multiclass"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionConfig:
+    exp: Path
+    source: Source = "digits"
+    data_dir: Path | None = None
+    scheme: Scheme | None = None
+    nodes: int | None = None
+    alpha: float = 0.5
+    site: str | None = None
+    task: Task = "melanoma"
+    test_fraction: float = 0.2
+    folds: int = 5
+    image_size: int = 32
+    channels: int | None = None
+    seed: int = 0
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        size = self.image_size
+        if size < 16 or size & (size - 1):
+            raise UserError(f"--image-size must be a power of two >= 16 (16, 32, 64, ...), got {size}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise UserError(f"--test-fraction must lie strictly between 0 and 1, got {self.test_fraction}")
+        if self.folds < 2:
+            raise UserError(f"--folds must be at least 2, got {self.folds}")
+        if self.nodes is not None and self.nodes < 2:
+            raise UserError(f"--nodes must be at least 2, got {self.nodes}")
+        if self.alpha <= 0:
+            raise UserError(f"--alpha must be positive, got {self.alpha}")
+        if self.channels not in (None, 1, 3):
+            raise UserError(f"--channels must be 1 or 3, got {self.channels}")
+        if self.source == "digits" and self.data_dir is not None:
+            raise UserError("--data-dir is not used by --source digits (built-in data); drop it")
+        if self.source != "digits" and self.data_dir is None:
+            raise UserError(f"--source {self.source} reads real data: pass --data-dir DIR")
+        if self.scheme == "source" and self.nodes is not None:
+            raise UserError("--nodes does not apply to --scheme source (one node per site); drop it")
+        if self.scheme == "source" and self.site is not None:
+            raise UserError("--site keeps one site, so --scheme source would give one node; use --scheme iid")
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+
+
+def load_recipe(path: Path | None, stage: str, valid: list[str]) -> dict[str, Any]:
+    """The recipe's table for `stage`, keys normalised to option names with underscores."""
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"recipe {path} not found; check the --config path")
+    try:
+        recipe = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"recipe {path} is not valid TOML ({exc})") from exc
+    unknown_tables = sorted(set(recipe) - set(STAGE_TABLES))
+    if unknown_tables:
+        raise UserError(f"recipe {path}: unknown table [{unknown_tables[0]}]; valid tables: {', '.join(STAGE_TABLES)}")
+    table = recipe.get(stage, {})
+    if not isinstance(table, dict):
+        raise UserError(f"recipe {path}: [{stage}] must be a table of option = value")
+    values = {key.replace("-", "_"): value for key, value in table.items()}
+    for key in values:
+        if key not in valid:
+            names = ", ".join(v.replace("_", "-") for v in valid)
+            raise UserError(f"recipe {path}: unknown key {stage}.{key.replace('_', '-')}; valid keys: {names}")
+    return values
+
+
+def resolve(cls: type, cli: dict[str, Any], given_on_cli: set[str], recipe_path: Path | None, stage: str):
+    """Build `cls` from CLI values (winning where given), the recipe, and the defaults."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    recipe = load_recipe(recipe_path, stage, list(fields))
+    values = {}
+    for name in fields:
+        if name in recipe and name not in given_on_cli:
+            values[name] = coerce(recipe[name], hints[name], f"{stage}.{name.replace('_', '-')}")
+        else:
+            values[name] = cli[name]
+    if values.get("exp") is None:
+        raise UserError("no experiment folder: pass --exp DIR")
+    return cls(**values)
+
+
+def coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check a TOML value against a config field's type, converting str to Path where needed."""
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        return coerce(value, options[0], key) if len(options) == 1 else value
+    if origin is Literal:
+        if value not in args:
+            raise UserError(f"recipe key {key} = {value!r} is not one of {', '.join(map(str, args))}")
+        return value
+    if annotation is Path and isinstance(value, str):
+        return Path(value)
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation in (int, float, str, bool) and type(value) is annotation:
+        return value
+    raise UserError(f"recipe key {key} = {value!r} must be of type {getattr(annotation, '__name__', annotation)}")

@@ -1,0 +1,112 @@
+"""The `partition` stage: a dataset becomes federated nodes with train/test splits and folds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
+from fedcli.config import PartitionConfig
+from fedcli.data import acquisition, schemes
+from fedcli.data.manifest import SCHEMA, Manifest, content_hash
+from fedcli.data.records import Sample, SourceData
+from fedcli.data.sources import read_source
+from fedcli.data.splits import NodeError, split_node
+from fedcli.data.summary import skew_statistics, summary_frame, write_summary_png
+from fedcli.errors import UserError
+
+DEFAULT_NODES = 3
+DIRICHLET_DRAWS = 100  # fresh draws tried before a too-skewed setting is reported
+
+
+def restrict_to_site(source: SourceData, site: str | None) -> list[Sample]:
+    if site is None:
+        return source.samples
+    if site not in source.sites:
+        raise UserError(f"--site {site} is not in the data; sites: {', '.join(source.sites)}")
+    return [s for s in source.samples if s.site == site]
+
+
+def node_site(samples: list[Sample]) -> str:
+    sites = {s.site for s in samples}
+    return sites.pop() if len(sites) == 1 else "mixed"
+
+
+def build_nodes(cfg: PartitionConfig, source: SourceData, scheme: str, samples: list[Sample]) -> list[dict]:
+    """Assign samples to nodes, then split each node; a Dirichlet draw that leaves an untestable
+    node is redrawn (keyed by attempt, so the result stays a function of the seed)."""
+    names = source.label_names
+    if scheme == "source":
+        sites = source.sites
+        if len(sites) < 2:
+            raise UserError(f"--scheme source needs several sites, but the data has one ({sites[0]}); "
+                            "use --scheme iid or dirichlet with --nodes N")
+        draws = [schemes.by_site(samples)]
+    elif scheme in ("iid", "site-shift"):
+        draws = [schemes.iid(samples, cfg.nodes, cfg.seed)]
+    else:
+        draws = (schemes.dirichlet(samples, cfg.nodes, cfg.alpha, cfg.seed, a) for a in range(DIRICHLET_DRAWS))
+    error: NodeError | None = None
+    for assignment in draws:
+        try:
+            return [node_entry(cfg, scheme, i, name, members, names) for i, (name, members) in enumerate(assignment)]
+        except NodeError as exc:
+            error = exc
+    raise UserError(f"{error} (every one of {DIRICHLET_DRAWS} Dirichlet draws with --alpha {cfg.alpha} "
+                    f"left such a node)") if scheme == "dirichlet" else error
+
+
+def node_entry(cfg: PartitionConfig, scheme: str, index: int, name: str, members: list[Sample],
+               label_names: list[str]) -> dict:
+    train, test = split_node(name, members, label_names, cfg.test_fraction, cfg.folds, cfg.seed)
+    spec = acquisition.for_node(index) if scheme == "site-shift" else None
+    return {"name": name, "site": node_site(members), "acquisition": spec, "train": train, "test": test}
+
+
+def make_manifest(cfg: PartitionConfig) -> tuple[Manifest, PartitionConfig]:
+    """The manifest, and the config with every automatic choice (scheme, nodes, channels) resolved."""
+    source = read_source(cfg)
+    samples = restrict_to_site(source, cfg.site)
+    scheme = cfg.scheme or source.default_scheme
+    n_nodes = None if scheme == "source" else cfg.nodes or DEFAULT_NODES
+    cfg = dataclasses.replace(cfg, scheme=scheme, nodes=n_nodes, channels=cfg.channels or source.channels)
+    if n_nodes is not None and n_nodes > len(samples):
+        raise UserError(f"--nodes {n_nodes} is more than the {len(samples)} samples; lower --nodes")
+    nodes = build_nodes(cfg, source, scheme, samples)
+    data = {
+        "schema": SCHEMA,
+        "source": source.name,
+        "scheme": scheme,
+        "seed": cfg.seed,
+        "image_size": cfg.image_size,
+        "channels": cfg.channels,
+        "label_names": source.label_names,
+        "augment": list(source.augment),
+        "data_root": str(source.root) if source.root else None,
+        "data_file": source.data_file,
+        "site": cfg.site,
+        "task": cfg.task if source.name == "isic2019" else None,
+        "test_fraction": cfg.test_fraction,
+        "folds": cfg.folds,
+        "alpha": cfg.alpha if scheme == "dirichlet" else None,
+        "dropped": source.dropped,
+        "nodes": nodes,
+    }
+    data["content_hash"] = content_hash(data)
+    manifest = Manifest(data)
+    data["statistics"] = skew_statistics(manifest)
+    return manifest, cfg
+
+
+def run(cfg: PartitionConfig) -> Manifest:
+    """Write `<exp>/partition/`: manifest.json, summary.csv, summary.png, config.json."""
+    out = cfg.exp / "partition"
+    check_output_free(out, cfg.overwrite)
+    manifest, cfg = make_manifest(cfg)
+    with staged_output(out, cfg.overwrite) as stage:
+        write_json(stage / "manifest.json", manifest.data)
+        write_csv(stage / "summary.csv", summary_frame(manifest))
+        write_summary_png(manifest, stage / "summary.png")
+        write_json(stage / "config.json", provenance("partition", cfg.to_json(), cfg.seed,
+                                                     {"data": manifest.content_hash}))
+    manifest.path = out / "manifest.json"
+    return manifest

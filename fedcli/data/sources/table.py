@@ -1,0 +1,65 @@
+"""A CSV table with columns `path,label[,node][,group]`; `group` (e.g. a patient id) keeps a
+patient's images on one side of every split. Paths are relative to the table's folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from fedcli.data.imagefiles import check_images
+from fedcli.data.records import Sample, SourceData
+from fedcli.errors import UserError
+
+DEFAULT_NAME = "labels.csv"
+
+
+def find_table(data_dir: Path) -> Path:
+    path = Path(data_dir)
+    if path.is_dir():
+        path = path / DEFAULT_NAME
+        if not path.is_file():
+            raise UserError(f"no {DEFAULT_NAME} in {data_dir}; point --data-dir at the CSV table")
+    elif not path.is_file():
+        raise UserError(f"CSV table {path} does not exist; check --data-dir")
+    return path
+
+
+def label_order(values: list[str]) -> list[str]:
+    """Class names sorted numerically when they are all integers, else alphabetically."""
+    try:
+        return [str(v) for v in sorted({int(v) for v in values})]
+    except ValueError:
+        return sorted(set(values))
+
+
+def read(data_dir: Path) -> SourceData:
+    path = find_table(data_dir)
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not a readable CSV table ({exc})") from exc
+    missing = [c for c in ("path", "label") if c not in frame.columns]
+    if missing:
+        raise UserError(f"{path} lacks column(s) {', '.join(missing)}; found: {', '.join(frame.columns)}")
+    if frame.empty:
+        raise UserError(f"{path} has no rows")
+    blank = frame.index[(frame["path"].str.strip() == "") | (frame["label"].str.strip() == "")]
+    if len(blank):
+        raise UserError(f"{path}: row {int(blank[0]) + 2} has an empty path or label; fill or remove it")
+    if frame["path"].duplicated().any():
+        raise UserError(f"{path}: {frame['path'][frame['path'].duplicated()].iloc[0]} is listed twice")
+    labels = frame["label"].str.strip().tolist()
+    if all(v.lstrip("-").isdigit() for v in labels):
+        labels = [str(int(v)) for v in labels]
+    names = label_order(labels)
+    root = path.parent
+    sizes, channels = check_images(root, frame["path"].tolist())
+    sites = frame["node"].tolist() if "node" in frame.columns else [path.stem] * len(frame)
+    groups = frame["group"].tolist() if "group" in frame.columns else [None] * len(frame)
+    samples = [
+        Sample(id=rel, label=names.index(label), site=str(site), group=group or None, path=rel, nbytes=nbytes)
+        for rel, label, site, group, nbytes in zip(frame["path"], labels, sites, groups, sizes)
+    ]
+    return SourceData(name="csv", samples=samples, label_names=names, channels=channels, root=root.resolve(),
+                      default_scheme="source" if "node" in frame.columns else "iid")

@@ -1,0 +1,95 @@
+"""Per-node train/test split with a class-balanced test set, and stratified folds over train.
+
+The test set holds the same number t of images of every class present in the node:
+t = round(test_fraction * n / classes), capped at half of the rarest class so that class keeps
+training images. A class with a single image in the node cannot be on both sides; it stays in
+train and is not counted as present. Groups (patient or lesion) stay on one side of the split
+and of the folds. Every sample lands in exactly one of train or test.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import numpy as np
+
+from fedcli.data.records import Sample
+from fedcli.errors import UserError
+from fedcli.rng import numpy_stream, stream_seed
+
+
+class NodeError(UserError):
+    """A node that cannot be trained and tested on (no samples, one class, too small for the folds)."""
+
+
+def test_classes(samples: list[Sample]) -> dict[int, int]:
+    """Classes that can appear in both train and test (two images or more), with their counts."""
+    counts = Counter(s.label for s in samples)
+    return {c: n for c, n in sorted(counts.items()) if n >= 2}
+
+
+def per_class_test_size(n: int, present: dict[int, int], test_fraction: float) -> int:
+    target = int(np.floor(test_fraction * n / len(present) + 0.5))
+    return max(1, min(target, min(present.values()) // 2))
+
+
+def check_node(name: str, samples: list[Sample], label_names: list[str]) -> dict[int, int]:
+    if not samples:
+        raise NodeError(f"node {name} has no samples; use fewer --nodes or a larger --alpha")
+    present = test_classes(samples)
+    if len(present) < 2:
+        only = sorted({s.label for s in samples})
+        desc = ", ".join(label_names[c] for c in only)
+        raise NodeError(
+            f"node {name} has a single class ({desc}; {len(samples)} images), so it cannot be tested; "
+            "use fewer --nodes, a larger --alpha, or data with both classes at every site"
+        )
+    return present
+
+
+def split_node(name: str, samples: list[Sample], label_names: list[str], test_fraction: float, folds: int,
+               seed: int) -> tuple[list[dict], list[dict]]:
+    """Train records (with a `fold`) and test records of one node."""
+    present = check_node(name, samples, label_names)
+    t = per_class_test_size(len(samples), present, test_fraction)
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(s.group_key, []).append(i)
+    keys = sorted(groups)
+    order = numpy_stream(seed, "test-split", name).permutation(len(keys))
+    filled = Counter()
+    in_test = np.zeros(len(samples), dtype=bool)
+    for k in order:
+        members = groups[keys[k]]
+        counts = Counter(samples[i].label for i in members)
+        if all(c in present and filled[c] + m <= t for c, m in counts.items()):
+            filled.update(counts)
+            in_test[members] = True
+            if all(filled[c] >= t for c in present):
+                break
+    train = [s for s, test in zip(samples, in_test) if not test]
+    fold_of = assign_folds(name, train, folds, seed)
+    return ([{**s.record(), "fold": f} for s, f in zip(train, fold_of)],
+            [s.record() for s, test in zip(samples, in_test) if test])
+
+
+def assign_folds(name: str, train: list[Sample], folds: int, seed: int) -> list[int]:
+    """Stratified (and group-aware) K-fold assignment of the train part."""
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
+
+    group_keys = [s.group_key for s in train]
+    n_groups = len(set(group_keys))
+    if n_groups < folds:
+        raise NodeError(f"node {name} has only {n_groups} training samples/groups, fewer than --folds {folds}; "
+                        "lower --folds")
+    labels = np.array([s.label for s in train])
+    random_state = stream_seed(seed, "folds", name) % 2**32
+    grouped = any(s.group is not None for s in train)
+    splitter = (StratifiedGroupKFold if grouped else StratifiedKFold)(folds, shuffle=True, random_state=random_state)
+    fold_of = np.full(len(train), -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a rare class has fewer members than folds
+        for k, (_, held_out) in enumerate(splitter.split(np.zeros(len(train)), labels, group_keys)):
+            fold_of[held_out] = k
+    return fold_of.tolist()

@@ -1,0 +1,131 @@
+"""Partition summaries: per-node class counts (CSV), label-skew statistics, a figure, a table."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedcli.data import acquisition
+from fedcli.data.manifest import Manifest
+from fedcli.data.skew import label_distributions, mean_pairwise_js, mean_pairwise_ks
+
+
+def class_counts(records: list[dict], n_classes: int) -> np.ndarray:
+    counts = Counter(r["label"] for r in records)
+    return np.array([counts.get(c, 0) for c in range(n_classes)])
+
+
+def summary_frame(manifest: Manifest) -> pd.DataFrame:
+    """One row per node and split: sizes and per-class counts."""
+    names = manifest["label_names"]
+    rows = []
+    for node in manifest["nodes"]:
+        for split in ("train", "test"):
+            counts = class_counts(node[split], len(names))
+            rows.append({"node": node["name"], "site": node["site"], "split": split, "total": int(counts.sum()),
+                         **{name: int(c) for name, c in zip(names, counts)}})
+    return pd.DataFrame(rows)
+
+
+def skew_statistics(manifest: Manifest) -> dict[str, float | None]:
+    """Label skew across nodes: mean pairwise JS distance; KS statistic for binary tasks."""
+    n_classes = manifest.num_classes
+    counts = np.stack([class_counts(n["train"] + n["test"], n_classes) for n in manifest["nodes"]])
+    dists = label_distributions(counts)
+    return {"label_skew_js": round(mean_pairwise_js(dists), 6),
+            "label_skew_ks": round(mean_pairwise_ks(dists), 6) if n_classes == 2 else None}
+
+
+def node_rows(manifest: Manifest) -> list[dict]:
+    """What the table shows per node, including the realised test fraction."""
+    rows = []
+    for node in manifest["nodes"]:
+        test = class_counts(node["test"], manifest.num_classes)
+        n_train, n_test = len(node["train"]), len(node["test"])
+        per_class = sorted({int(c) for c in test if c})
+        rows.append({
+            "node": node["name"], "site": node["site"], "scanner": acquisition.describe(node.get("acquisition")),
+            "train": n_train, "test": n_test, "test_fraction": n_test / (n_train + n_test),
+            "test_per_class": "/".join(map(str, per_class)), "test_classes": int((test > 0).sum()),
+            "classes": int((class_counts(node["train"] + node["test"], manifest.num_classes) > 0).sum()),
+        })
+    return rows
+
+
+def partition_table(manifest: Manifest):
+    from rich.table import Table
+
+    stats = manifest.data.get("statistics") or skew_statistics(manifest)
+    caption = f"label skew: mean pairwise Jensen-Shannon distance {stats['label_skew_js']:.3f}"
+    if stats.get("label_skew_ks") is not None:
+        caption += f", Kolmogorov-Smirnov {stats['label_skew_ks']:.3f}"
+    table = Table(title=f"partition: {manifest['source']}, scheme {manifest['scheme']}, seed {manifest['seed']}",
+                  caption=caption)
+    for column in ("node", "site", "scanner", "train", "test", "test %", "test/class", "classes"):
+        table.add_column(column, justify="right" if column not in ("node", "site", "scanner") else "left")
+    for row in node_rows(manifest):
+        table.add_row(row["node"], row["site"], row["scanner"], str(row["train"]), str(row["test"]),
+                      f"{100 * row['test_fraction']:.1f}", row["test_per_class"],
+                      f"{row['classes']}/{manifest.num_classes}")
+    return table
+
+
+def short_test_notes(manifest: Manifest) -> list[str]:
+    """Nodes whose realised test fraction fell short of the requested one (label skew)."""
+    wanted = manifest["test_fraction"]
+    return [f"node {r['node']}: test set is {100 * r['test_fraction']:.1f}% (asked {100 * wanted:.0f}%), "
+            "limited by its rarest class so the test set stays class-balanced"
+            for r in node_rows(manifest) if r["test_fraction"] < 0.9 * wanted]
+
+
+def write_summary_png(manifest: Manifest, path: Path, per_node: int = 8) -> None:
+    """Class-distribution bars per node, and a row of example training images per node."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedcli.data.loading import load_images
+
+    nodes, names = manifest["nodes"], manifest["label_names"]
+    fig = plt.figure(figsize=(12, 1.2 + 1.1 * len(nodes)), dpi=80)
+    grid = fig.add_gridspec(len(nodes), 2, width_ratios=[1, 1.3])
+    bars = fig.add_subplot(grid[:, 0])
+    width = 0.8 / len(nodes)
+    for i, node in enumerate(nodes):
+        counts = class_counts(node["train"] + node["test"], len(names))
+        bars.bar(np.arange(len(names)) + i * width, counts, width, label=node["name"])
+    bars.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, rotation=45 if len(names) > 4 else 0,
+                    ha="right" if len(names) > 4 else "center")
+    bars.set_ylabel("images")
+    bars.set_title("class distribution per node")
+    bars.set_ylim(0, 1.25 * bars.get_ylim()[1])
+    bars.legend(fontsize=8, ncol=min(len(nodes), 4), loc="upper center")
+    for i, node in enumerate(nodes):
+        axis = fig.add_subplot(grid[i, 1])
+        picks = example_records(node["train"], per_node)
+        images = load_images(manifest, node["name"], picks).numpy()
+        strip = np.concatenate(list(images.transpose(0, 2, 3, 1)), axis=1)
+        axis.imshow(strip.squeeze(-1) if strip.shape[-1] == 1 else strip, cmap="gray", vmin=0, vmax=255)
+        axis.set_axis_off()
+        axis.set_title(f"{node['name']}: " + " ".join(names[r["label"]] for r in picks), fontsize=8, loc="left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def example_records(records: list[dict], k: int) -> list[dict]:
+    """Up to k records, cycling through the classes so each class shows."""
+    by_class: dict[int, list[dict]] = {}
+    for r in records:
+        by_class.setdefault(r["label"], []).append(r)
+    picks, depth = [], 0
+    while len(picks) < min(k, len(records)):
+        for label in sorted(by_class):
+            if depth < len(by_class[label]) and len(picks) < k:
+                picks.append(by_class[label][depth])
+        depth += 1
+    return picks
