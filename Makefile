@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/fedcli partition --source digits --nodes 3 --exp results/demo --overwrite
+	$(BIN)/fedcli partition --config recipes/quickstart.toml --exp results/demo --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

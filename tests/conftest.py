@@ -1,0 +1,136 @@
+"""Shared fixtures: the CLI runner, builders of small fake datasets, the real reference data."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from fedcli.cli import app
+from fedcli.data.manifest import Manifest
+
+SHARED = Path(os.environ.get("FEDCLI_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def shared_file(*parts: str) -> Path:
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"reference data {path} is absent (set FEDCLI_SHARED_DATA)")
+    return path
+
+
+class Cli:
+    """Runs fedcli in-process and keeps stdout and stderr apart."""
+
+    def __init__(self):
+        self.runner = CliRunner()
+
+    def __call__(self, *args: str):
+        return self.runner.invoke(app, [str(a) for a in args])
+
+    def ok(self, *args: str):
+        result = self(*args)
+        assert result.exit_code == 0, result.output + result.stderr
+        return result
+
+    def user_error(self, *args: str) -> str:
+        """Assert the run failed as a user error: exit 2, one line on stderr, no traceback."""
+        result = self(*args)
+        assert result.exit_code == 2, (result.exit_code, result.output, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        assert "Traceback" not in result.output + result.stderr
+        return lines[0]
+
+
+@pytest.fixture
+def cli() -> Cli:
+    return Cli()
+
+
+@pytest.fixture(scope="session")
+def digits_exp(tmp_path_factory) -> Path:
+    """A digits partition (3 site-shifted nodes) shared by read-only tests."""
+    exp = tmp_path_factory.mktemp("digits") / "exp"
+    Cli().ok("partition", "--source", "digits", "--nodes", "3", "--exp", exp)
+    return exp
+
+
+@pytest.fixture(scope="session")
+def digits_manifest(digits_exp) -> Manifest:
+    return Manifest.load(digits_exp)
+
+
+def write_png(path: Path, value: int, size: int = 12, mode: str = "L") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(value)
+    shape = (size, size) if mode == "L" else (size, size, 3)
+    Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode).save(path)
+
+
+def make_tuberculosis(root: Path, montgomery=(10, 8), shenzhen=(14, 16)) -> Path:
+    """Montgomery and Shenzhen in their official archive layouts, plus macOS debris to ignore."""
+    for folder, prefix, (normal, tb) in (("MontgomerySet/CXR_png", "MCUCXR", montgomery),
+                                         ("ChinaSet_AllFiles/CXR_png", "CHNCXR", shenzhen)):
+        labels = [0] * normal + [1] * tb
+        for i, label in enumerate(labels, start=1):
+            write_png(root / folder / f"{prefix}_{i:04d}_{label}.png", i)
+    (root / "__MACOSX" / "MontgomerySet").mkdir(parents=True)
+    (root / "__MACOSX" / "MontgomerySet" / "._MCUCXR_0001_0.png").write_bytes(b"\x00junk")
+    (root / "MontgomerySet" / "NLM-MontgomeryCXRSet-ReadMe.pdf").write_bytes(b"%PDF")
+    return root
+
+
+def jpeg_bytes() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (180, 120, 90)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def make_isic(root: Path, rows: int | None = None, metadata_sex_column: str = "sex") -> Path:
+    """The real ISIC 2019 tables (optionally their first `rows` rows) with placeholder images."""
+    truth = pd.read_csv(shared_file("isic2019", "ISIC_2019_Training_GroundTruth.csv"))
+    meta = pd.read_csv(shared_file("isic2019", "ISIC_2019_Training_Metadata.csv"))
+    if rows is not None:
+        keep = meta["lesion_id"].notna()
+        chosen = pd.concat([meta[keep].groupby(meta[keep]["lesion_id"].str[:3]).head(rows // 3), meta[~keep].head(5)])
+        meta = meta[meta["image"].isin(chosen["image"])]
+        truth = truth[truth["image"].isin(meta["image"])]
+    meta = meta.rename(columns={"sex": metadata_sex_column})
+    images = root / "ISIC_2019_Training_Input"
+    images.mkdir(parents=True)
+    truth.to_csv(root / "ISIC_2019_Training_GroundTruth.csv", index=False)
+    meta.to_csv(root / "ISIC_2019_Training_Metadata.csv", index=False)
+    data = jpeg_bytes()
+    for name in truth["image"]:
+        (images / f"{name}.jpg").write_bytes(data)
+    return root
+
+
+@pytest.fixture(scope="session")
+def isic_full(tmp_path_factory) -> Path:
+    return make_isic(tmp_path_factory.mktemp("isic-full"))
+
+
+def make_folders(root: Path, layout: dict[str, dict[str, int]], mode: str = "L") -> Path:
+    """root/<node>/<class>/img_k.png with the given counts."""
+    seed = 0
+    for node, classes in layout.items():
+        for cls, count in classes.items():
+            for k in range(count):
+                seed += 1
+                write_png(root / node / cls / f"img_{k}.png", seed, mode=mode)
+    return root
+
+
+def copy_pneumonia(tmp_path: Path) -> Path:
+    target = tmp_path / "pneumoniamnist.npz"
+    shutil.copy(shared_file("medmnist", "pneumoniamnist.npz"), target)
+    return target

@@ -1,0 +1,155 @@
+"""`fedcli partition` on the built-in digits, and every bad input it must refuse cleanly."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pandas as pd
+import pytest
+
+from conftest import make_folders, write_png
+from fedcli.data.manifest import Manifest
+
+
+def all_ids(manifest: Manifest) -> list[str]:
+    return [r["id"] for node in manifest["nodes"] for split in ("train", "test") for r in node[split]]
+
+
+def test_digits_partition_is_a_valid_disjoint_complete_manifest(digits_exp, digits_manifest):
+    m = digits_manifest
+    assert m.node_names == ["node0", "node1", "node2"]
+    assert m["scheme"] == "site-shift" and m["image_size"] == 32 and m["channels"] == 1
+    ids = all_ids(m)
+    assert len(ids) == len(set(ids)) == 1797  # disjoint, and nothing dropped
+    for node in m["nodes"]:
+        assert not {r["id"] for r in node["train"]} & {r["id"] for r in node["test"]}
+        assert {r["fold"] for r in node["train"]} == set(range(5))
+        assert all("fold" not in r for r in node["test"])
+    acquisitions = [n["acquisition"]["name"] for n in m["nodes"]]
+    assert len(set(acquisitions)) == 3
+    files = {p.name for p in (digits_exp / "partition").iterdir()}
+    assert files == {"manifest.json", "summary.csv", "summary.png", "config.json"}
+
+
+def test_every_test_set_is_class_balanced(digits_manifest):
+    for node in digits_manifest["nodes"]:
+        counts = Counter(r["label"] for r in node["test"])
+        assert len(counts) == 10 and len(set(counts.values())) == 1
+        total = len(node["train"]) + len(node["test"])
+        assert abs(len(node["test"]) / total - 0.2) < 0.02
+
+
+def test_summary_csv_matches_the_manifest(digits_exp, digits_manifest):
+    summary = pd.read_csv(digits_exp / "partition" / "summary.csv")
+    for node in digits_manifest["nodes"]:
+        for split in ("train", "test"):
+            row = summary[(summary["node"] == node["name"]) & (summary["split"] == split)].iloc[0]
+            assert row["total"] == len(node[split])
+            assert row["3"] == sum(r["label"] == 3 for r in node[split])
+
+
+def test_config_json_carries_provenance(digits_exp, digits_manifest):
+    config = json.loads((digits_exp / "partition" / "config.json").read_text())
+    assert config["stage"] == "partition" and config["seed"] == 0
+    assert config["inputs"]["data"] == digits_manifest.content_hash
+    assert config["config"]["source"] == "digits" and config["config"]["nodes"] == 3
+
+
+def test_same_seed_same_manifest_other_seed_other_split(cli, tmp_path, digits_exp):
+    cli.ok("partition", "--source", "digits", "--nodes", "3", "--exp", tmp_path / "again")
+    first = (digits_exp / "partition" / "manifest.json").read_bytes()
+    assert (tmp_path / "again" / "partition" / "manifest.json").read_bytes() == first
+    cli.ok("partition", "--nodes", "3", "--seed", "1", "--exp", tmp_path / "other")
+    assert (tmp_path / "other" / "partition" / "manifest.json").read_bytes() != first
+
+
+def test_table_is_printed_with_the_skew_statistic(cli, tmp_path):
+    output = cli.ok("partition", "--nodes", "3", "--exp", tmp_path / "exp").output
+    assert "Jensen-Shannon" in output and "node2" in output and "invert" in output
+
+
+def test_existing_output_needs_overwrite_and_is_left_intact(cli, tmp_path):
+    cli.ok("partition", "--nodes", "3", "--exp", tmp_path)
+    before = (tmp_path / "partition" / "manifest.json").read_bytes()
+    assert "--overwrite" in cli.user_error("partition", "--nodes", "2", "--exp", tmp_path)
+    assert (tmp_path / "partition" / "manifest.json").read_bytes() == before
+    cli.ok("partition", "--nodes", "2", "--exp", tmp_path, "--overwrite")
+    assert len(Manifest.load(tmp_path).node_names) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["partition"]  # no staging debris
+
+
+def assert_nothing_written(exp):
+    assert not exp.exists() or not any(exp.iterdir()), list(exp.iterdir())
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--image-size", "24"], "power of two"),
+    (["--image-size", "8"], "power of two"),
+    (["--test-fraction", "0"], "--test-fraction"),
+    (["--test-fraction", "1"], "--test-fraction"),
+    (["--test-fraction", "1.5"], "--test-fraction"),
+    (["--nodes", "2000"], "more than the 1797 samples"),
+    (["--folds", "1"], "--folds"),
+    (["--alpha", "0", "--scheme", "dirichlet"], "--alpha"),
+    (["--data-dir", "."], "not used by --source digits"),
+    (["--site", "x", "--scheme", "source"], "--site"),
+])
+def test_bad_options(cli, tmp_path, args, expected):
+    exp = tmp_path / "exp"
+    assert expected in cli.user_error("partition", *args, "--exp", exp)
+    assert_nothing_written(exp)
+
+
+def test_missing_and_empty_data_folders(cli, tmp_path):
+    exp = tmp_path / "exp"
+    assert "does not exist" in cli.user_error("partition", "--source", "folders", "--data-dir",
+                                              tmp_path / "nowhere", "--exp", exp)
+    (tmp_path / "empty").mkdir()
+    assert "is empty" in cli.user_error("partition", "--source", "tuberculosis", "--data-dir",
+                                        tmp_path / "empty", "--exp", exp)
+    assert "--data-dir" in cli.user_error("partition", "--source", "isic2019", "--exp", exp)
+    assert_nothing_written(exp)
+
+
+def test_folder_without_recognised_images(cli, tmp_path):
+    data = tmp_path / "data"
+    (data / "siteA" / "cats").mkdir(parents=True)
+    (data / "siteA" / "cats" / "notes.txt").write_text("no images here")
+    exp = tmp_path / "exp"
+    assert "no images found" in cli.user_error("partition", "--source", "folders", "--data-dir", data, "--exp", exp)
+    assert "no Montgomery" in cli.user_error("partition", "--source", "tuberculosis", "--data-dir", data,
+                                             "--exp", exp)
+    assert_nothing_written(exp)
+
+
+def test_corrupt_image_is_named(cli, tmp_path):
+    data = make_folders(tmp_path / "data", {"a": {"x": 3, "y": 3}, "b": {"x": 3, "y": 3}})
+    (data / "b" / "y" / "img_1.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated garbage")
+    exp = tmp_path / "exp"
+    line = cli.user_error("partition", "--source", "folders", "--data-dir", data, "--exp", exp)
+    assert "img_1.png" in line and "corrupt" in line
+    assert_nothing_written(exp)
+
+
+def test_single_class_node_is_refused_but_a_missing_class_is_not(cli, tmp_path):
+    data = make_folders(tmp_path / "one", {"a": {"x": 6, "y": 6}, "b": {"x": 8}})
+    exp = tmp_path / "exp"
+    line = cli.user_error("partition", "--source", "folders", "--data-dir", data, "--exp", exp, "--folds", "2")
+    assert "node b has a single class" in line
+    assert_nothing_written(exp)
+    ok = make_folders(tmp_path / "two", {"a": {"x": 8, "y": 8, "z": 8}, "b": {"x": 8, "y": 8}})
+    cli.ok("partition", "--source", "folders", "--data-dir", ok, "--exp", exp, "--folds", "2")
+    b = Manifest.load(exp).node("b")
+    assert Counter(r["label"] for r in b["test"]) == {0: 2, 1: 2}
+
+
+def test_more_nodes_than_samples(cli, tmp_path):
+    data = tmp_path / "table"
+    for i in range(4):
+        write_png(data / f"im{i}.png", i)
+    (data / "labels.csv").write_text("path,label\n" + "".join(f"im{i}.png,{i % 2}\n" for i in range(4)))
+    exp = tmp_path / "exp"
+    assert "more than the 4 samples" in cli.user_error("partition", "--source", "csv", "--data-dir", data,
+                                                       "--nodes", "5", "--exp", exp)
+    assert_nothing_written(exp)
