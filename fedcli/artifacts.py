@@ -20,6 +20,9 @@ from fedcli import __version__
 from fedcli.errors import UserError
 
 
+METADATA_KEY = "fedcli"
+
+
 def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -79,12 +82,27 @@ def sha256_file(path: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def save_tensors(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
-    """Safetensors file written atomically: the only format a peer's model or buffer travels in."""
+def tensor_bytes(tensors: Mapping[str, Any], metadata: Mapping[str, Any] | None = None) -> bytes:
+    """Safetensors bytes: the only format a peer's model or buffer travels in.
+
+    Metadata goes in as one canonical-JSON entry: safetensors writes a metadata map in hash
+    order, which would make the same tensors serialize to different bytes from run to run.
+    """
     from safetensors.torch import save
 
     contiguous = {name: tensor.contiguous() for name, tensor in tensors.items()}
-    atomic_write_bytes(path, save(contiguous, metadata=dict(metadata or {})))
+    return save(contiguous, metadata={METADATA_KEY: canonical_json(dict(metadata))} if metadata else None)
+
+
+def save_tensors(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, Any] | None = None) -> None:
+    atomic_write_bytes(path, tensor_bytes(tensors, metadata))
+
+
+def tensor_metadata(path: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return json.loads((handle.metadata() or {}).get(METADATA_KEY, "{}"))
 
 
 def load_tensors(path: Path, what: str) -> dict:

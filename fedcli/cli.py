@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperGroup
 
 from fedcli import __version__, console
-from fedcli.config import PartitionConfig, Scheme, Source, Task, resolve
+from fedcli.config import Device, GanConfig, LpipsNet, PartitionConfig, Scheme, Source, Task, resolve
 from fedcli.errors import UserError
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
@@ -75,7 +75,7 @@ def given_on_command_line(ctx: typer.Context) -> set[str]:
 def partition(
     ctx: typer.Context,
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
-    source: Source = typer.Option("digits", help="Dataset reader: digits (built in, offline), tuberculosis, "
+    source: Source = typer.Option(PartitionConfig.source, help="Dataset reader: digits (built in, offline), tuberculosis, "
                                   "isic2019, medmnist, folders, csv."),
     data_dir: Optional[Path] = typer.Option(None, help="Where the real data lies (a folder; a .npz or .csv "
                                             "file for medmnist/csv). Not used by digits."),
@@ -83,18 +83,18 @@ def partition(
                                             "digits, iid for medmnist, source otherwise.", show_default=False),
     nodes: Optional[int] = typer.Option(None, help="Number of nodes for iid, dirichlet and site-shift "
                                         "[default: 3].", show_default=False),
-    alpha: float = typer.Option(0.5, help="Dirichlet concentration; smaller = stronger label skew."),
+    alpha: float = typer.Option(PartitionConfig.alpha, help="Dirichlet concentration; smaller = stronger label skew."),
     site: Optional[str] = typer.Option(None, help="Keep one site of a multi-site source before an iid split "
                                        "(e.g. shenzhen)."),
-    task: Task = typer.Option("melanoma", help="isic2019 only: melanoma (binary, FedER) or multiclass (8)."),
-    test_fraction: float = typer.Option(0.2, help="Share of each node held out as a class-balanced test set."),
-    folds: int = typer.Option(5, help="Stratified cross-validation folds over each node's train part."),
-    image_size: int = typer.Option(32, help="Image side in pixels for every later stage (power of two >= 16)."),
+    task: Task = typer.Option(PartitionConfig.task, help="isic2019 only: melanoma (binary, FedER) or multiclass (8)."),
+    test_fraction: float = typer.Option(PartitionConfig.test_fraction, help="Share of each node held out as a class-balanced test set."),
+    folds: int = typer.Option(PartitionConfig.folds, help="Stratified cross-validation folds over each node's train part."),
+    image_size: int = typer.Option(PartitionConfig.image_size, help="Image side in pixels for every later stage (power of two >= 16)."),
     channels: Optional[int] = typer.Option(None, help="1 (grayscale) or 3 (RGB). Default: what the images "
                                            "are.", show_default=False),
-    seed: int = typer.Option(0, help="Seed of every random choice."),
+    seed: int = typer.Option(PartitionConfig.seed, help="Seed of every random choice."),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
-    overwrite: bool = typer.Option(False, help="Replace an existing <exp>/partition."),
+    overwrite: bool = typer.Option(PartitionConfig.overwrite, help="Replace an existing <exp>/partition."),
 ) -> None:
     """Split a dataset into federated nodes with class-balanced test sets and CV folds.
 
@@ -119,10 +119,56 @@ def not_yet(stage: str, issue: str) -> None:
     raise UserError(f"fedcli {stage} is not yet available ({issue}); only fedcli partition runs today")
 
 
-@app.command("train-gan", epilog="Example: fedcli train-gan --exp results/demo")
-def train_gan(exp: Path = typer.Option(..., "--exp", help=EXP_HELP)) -> None:
-    """Train each node's conditional GAN with the LPIPS privacy loss and sample its synthetic buffer."""
-    not_yet("train-gan", "the GAN stage")
+@app.command("train-gan", epilog="Example: fedcli train-gan --exp results/demo --node node0")
+def train_gan(
+    ctx: typer.Context,
+    exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
+    node: Optional[str] = typer.Option(None, help="Train this node only (hospitals can run separately). "
+                                       "Default: every node in turn.", show_default=False),
+    seed: Optional[int] = typer.Option(None, help="Seed [default: the partition's].", show_default=False),
+    iterations: int = typer.Option(GanConfig.iterations, help="Phase 1 (standard GAN) iteration cap."),
+    patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when FID has not improved for this many iterations."),
+    pp_iterations: int = typer.Option(GanConfig.pp_iterations, help="Phase 2 (privacy loss) iteration cap."),
+    fid_every: int = typer.Option(GanConfig.fid_every, help="Iterations between FID evaluations."),
+    fid_images: int = typer.Option(GanConfig.fid_images, help="Generated (and at most real) images per FID evaluation."),
+    fid_factor: float = typer.Option(GanConfig.fid_factor, help="Phase 2 stops when FID exceeds this times the best phase-1 FID."),
+    alpha: float = typer.Option(GanConfig.alpha, help="Weight of the privacy loss: G minimises L_G - alpha * L_PP."),
+    batch: int = typer.Option(GanConfig.batch, help="Real and synthetic images per step (L_PP grows with it)."),
+    lr: float = typer.Option(GanConfig.lr, help="Adam learning rate of G and D."),
+    r1_gamma: float = typer.Option(GanConfig.r1_gamma, help="R1 regularisation weight."),
+    ada_target: float = typer.Option(GanConfig.ada_target, help="ADA target for E[sign(D(real))]."),
+    ada_kimg: float = typer.Option(GanConfig.ada_kimg, help="ADA speed: thousands of images for p to go from 0 to 1."),
+    z_dim: int = typer.Option(GanConfig.z_dim, help="Latent z size."),
+    w_dim: int = typer.Option(GanConfig.w_dim, help="Intermediate latent w size."),
+    channel_base: int = typer.Option(GanConfig.channel_base, help="Feature maps at resolution r: min(base / r, max)."),
+    channel_max: int = typer.Option(GanConfig.channel_max, help="Most feature maps per layer."),
+    lpips_net: LpipsNet = typer.Option(GanConfig.lpips_net, help="LPIPS backbone: alex (quick default) or vgg (the study)."),
+    lpips_weights: Optional[Path] = typer.Option(None, help="torchvision ImageNet weights of the LPIPS backbone "
+                                                 "[default: the torch hub cache, else a named random fallback].",
+                                                 show_default=False),
+    fid_weights: Optional[Path] = typer.Option(None, help="torchvision Inception-v3 weights for FID [default: "
+                                               "the torch hub cache, else LPIPS features].", show_default=False),
+    buffer_size: int = typer.Option(GanConfig.buffer_size, help="Synthetic images in the shared buffer (class-interleaved)."),
+    sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "
+                                     "the saved generator."),
+    device: Device = typer.Option(GanConfig.device, help="auto (CUDA when present), cpu or cuda."),
+    config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
+    overwrite: bool = typer.Option(GanConfig.overwrite, help="Replace existing <exp>/gan/<node> folders."),
+) -> None:
+    """Train each node's conditional GAN with the LPIPS privacy loss and sample its synthetic buffer.
+
+    Writes <exp>/gan/<node>/: generator.safetensors, generator_phase1.safetensors, buffer.safetensors,
+    metrics.csv, samples.png, config.json.
+    """
+    from fedcli.gan.stage import run
+    from fedcli.report.tables import gan_table
+
+    params = dict(ctx.params)
+    cfg = resolve(GanConfig, params, given_on_command_line(ctx), params.pop("config"), "train_gan")
+    summaries = run(cfg)
+    if not cfg.sample_only:
+        console.out.print(gan_table(summaries))
+    console.out.print(f"wrote {cfg.exp / 'gan'}")
 
 
 @app.command(epilog="Example: fedcli federate --strategy feder --strategy fedavg --exp results/demo")

@@ -126,3 +126,58 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
     if annotation in (int, float, str, bool) and type(value) is annotation:
         return value
     raise UserError(f"recipe key {key} = {value!r} must be of type {getattr(annotation, '__name__', annotation)}")
+
+
+LpipsNet = Literal["vgg", "alex"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GanConfig:
+    """`fedcli train-gan`. Defaults are the quick CPU configuration (about a minute per digits node);
+    the study's values (batch 32, lr 0.0025, 256x256, patience 10,000, VGG) belong in recipes."""
+
+    exp: Path
+    node: str | None = None
+    seed: int | None = None  # default: the partition's seed
+    iterations: int = 400
+    patience: int = 200
+    pp_iterations: int = 100
+    fid_every: int = 50
+    fid_images: int = 512
+    fid_factor: float = 2.5
+    alpha: float = 1.0
+    batch: int = 32
+    lr: float = 0.0025
+    r1_gamma: float = 0.05
+    ada_target: float = 0.6
+    ada_kimg: float = 20.0
+    z_dim: int = 64
+    w_dim: int = 64
+    channel_base: int = 512
+    channel_max: int = 64
+    lpips_net: LpipsNet = "alex"
+    lpips_weights: Path | None = None
+    fid_weights: Path | None = None
+    buffer_size: int = 512
+    sample_only: bool = False
+    device: Device = "auto"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0:
+            raise UserError(f"--alpha must be >= 0 (0 disables the privacy loss), got {self.alpha}")
+        for name in ("iterations", "fid_every", "fid_images", "batch", "buffer_size", "z_dim", "w_dim",
+                     "channel_base", "channel_max"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.pp_iterations < 0 or self.patience < 1:
+            raise UserError("--pp-iterations must be >= 0 and --patience >= 1")
+        if self.fid_factor < 1:
+            raise UserError(f"--fid-factor must be >= 1, got {self.fid_factor}")
+        if self.batch < 2:
+            raise UserError(f"--batch must be at least 2, got {self.batch}")
+        for name in ("lpips_weights", "fid_weights"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise UserError(f"--{name.replace('_', '-')} {path} does not exist")

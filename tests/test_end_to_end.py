@@ -36,3 +36,22 @@ def test_console_script_error_is_one_line_with_exit_code_2(tmp_path):
     assert result.stderr.strip().splitlines() == ["error: --image-size must be a power of two >= 16 (16, 32, 64, "
                                                   "...), got 48"]
     assert not (tmp_path / "exp").exists()
+
+
+@pytest.mark.slow
+def test_quick_config_buffer_is_class_faithful(tmp_path, cli):
+    """A classifier trained on a node's real digits labels its synthetic buffer mostly as the buffer's labels."""
+    from sklearn.linear_model import LogisticRegression
+
+    from fedcli.artifacts import load_tensors
+    from fedcli.data.dataset import NodeDataset
+
+    exp = tmp_path / "exp"
+    cli.ok("partition", "--nodes", "3", "--exp", exp)
+    cli.ok("train-gan", "--exp", exp, "--node", "node1")  # the command's own quick defaults
+    manifest = Manifest.load(exp)
+    real = NodeDataset(manifest, "node1", "train")
+    classifier = LogisticRegression(max_iter=2000, C=0.1).fit(real.images.flatten(1).numpy() / 255, real.labels)
+    buffer = load_tensors(exp / "gan" / "node1" / "buffer.safetensors", "buffer")
+    fidelity = classifier.score(buffer["images"].flatten(1).numpy() / 255, buffer["labels"].numpy())
+    assert fidelity >= 0.7, fidelity

@@ -1,0 +1,35 @@
+"""GAN losses: non-saturating logistic loss, R1 regularisation, and the FedER privacy loss."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def d_logistic(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
+    return F.softplus(fake_logits).mean() + F.softplus(-real_logits).mean()
+
+
+def g_nonsaturating(fake_logits: torch.Tensor) -> torch.Tensor:
+    return F.softplus(-fake_logits).mean()
+
+
+def r1_penalty(discriminator, reals: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean squared norm of the gradient of D(real) with respect to the real images, and D(real).
+
+    The loss adds gamma / 2 times this penalty (Mescheder et al. 2018).
+    """
+    reals = reals.detach().requires_grad_(True)
+    logits = discriminator(reals, labels)
+    (grad,) = torch.autograd.grad(logits.sum(), reals, create_graph=True)
+    return grad.square().sum(dim=(1, 2, 3)).mean(), logits
+
+
+def privacy_loss(perceptual, reals: torch.Tensor, fakes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """L_PP = (1/b) * sum over all b x b real/synthetic pairs of LPIPS(real, synthetic), labels ignored,
+    and the mean pairwise LPIPS. Each image's features are computed once; the real side carries
+    no gradient, so the loss reaches the generator only."""
+    with torch.no_grad():
+        real_features = perceptual.features(reals)
+    distances = perceptual.pairwise(real_features, perceptual.features(fakes))
+    return distances.sum() / reals.shape[0], distances.mean()

@@ -1,0 +1,43 @@
+"""Rich progress bar for GAN training: iteration rate, losses, FID and ETA per phase."""
+
+from __future__ import annotations
+
+import math
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from fedcli import console
+
+
+class TrainingProgress:
+    def __init__(self, node: str, iterations: int, pp_iterations: int):
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+                                 console=console.err, transient=False)
+        self.tasks = {1: self.progress.add_task(f"{node} phase 1", total=iterations, rate="", status=""),
+                      2: self.progress.add_task(f"{node} phase 2", total=pp_iterations, rate="", status="",
+                                                start=False)}
+        self.fid = {1: math.nan, 2: math.nan}
+
+    def __enter__(self) -> "TrainingProgress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, row: dict) -> None:
+        phase = row["phase"]
+        task = self.tasks[phase]
+        if phase == 2 and row["iteration"] == 1:
+            self.progress.update(self.tasks[1], total=self.progress.tasks[self.tasks[1]].completed)
+            self.progress.start_task(task)
+        if "fid" in row:
+            self.fid[phase] = row["fid"]
+        speed = self.progress.tasks[task].speed
+        status = f"G {row['loss_g']:.2f} D {row['loss_d']:.2f} p {row['ada_p']:.2f} fid {self.fid[phase]:.3g}"
+        if "lpips_mean" in row:
+            status += f" lpips {row['lpips_mean']:.3f}"
+        self.progress.update(task, completed=row["iteration"], status=status,
+                             rate=f"{speed:.1f} it/s" if speed else "")

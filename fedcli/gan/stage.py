@@ -1,0 +1,180 @@
+"""The `train-gan` stage: per node, train the GAN, keep both phases' generators, sample the buffer.
+
+Writes `<exp>/gan/<node>/`: generator.safetensors (phase 2, privacy-preserving, EMA),
+generator_phase1.safetensors (standard GAN), buffer.safetensors, metrics.csv, samples.png and
+config.json (architecture, metric names, provenance). Each node folder is staged and renamed
+into place when complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from fedcli import console
+from fedcli.artifacts import (check_output_free, load_tensors, provenance, read_json, save_tensors, sha256_file,
+                              staged_output, write_csv, write_json)
+from fedcli.config import GanConfig
+from fedcli.data.dataset import NodeDataset, to_float
+from fedcli.data.manifest import Manifest
+from fedcli.errors import UserError
+from fedcli.gan.buffer import sample_buffer
+from fedcli.gan.fid import FeatureSpace
+from fedcli.gan.networks import Architecture, Generator
+from fedcli.gan.perceptual import Perceptual
+from fedcli.gan.progress import TrainingProgress
+from fedcli.gan.samples import write_samples
+from fedcli.gan.train import GanTrainer, TrainSettings, run_phases
+from fedcli.rng import stream_seed
+
+GENERATOR = "generator.safetensors"
+GENERATOR_PHASE1 = "generator_phase1.safetensors"
+BUFFER = "buffer.safetensors"
+
+
+def node_dir(exp: Path, node: str) -> Path:
+    return Path(exp) / "gan" / node
+
+
+def resolve_device(device: str) -> str:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda, but no CUDA device is visible; use --device cpu")
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+
+
+def architecture(cfg: GanConfig, manifest: Manifest) -> Architecture:
+    try:
+        return Architecture(resolution=manifest["image_size"], channels=manifest["channels"],
+                            num_classes=manifest.num_classes, z_dim=cfg.z_dim, w_dim=cfg.w_dim,
+                            channel_base=cfg.channel_base, channel_max=cfg.channel_max)
+    except ValueError as exc:
+        raise UserError(f"the partition's image size cannot be a GAN resolution ({exc}); re-run fedcli partition "
+                        "with --image-size 16, 32, 64, ...") from exc
+
+
+def settings(cfg: GanConfig) -> TrainSettings:
+    names = {f.name for f in dataclasses.fields(TrainSettings)}
+    return TrainSettings(**{k: v for k, v in dataclasses.asdict(cfg).items() if k in names})
+
+
+def run(cfg: GanConfig) -> list[dict]:
+    """Train (or, with sample_only, re-sample) the chosen nodes; return one summary per node."""
+    manifest = Manifest.load(cfg.exp)
+    nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
+    seed = manifest["seed"] if cfg.seed is None else cfg.seed
+    device = resolve_device(cfg.device)
+    if cfg.sample_only:
+        return [resample(cfg, manifest, node, seed, device) for node in nodes]
+    arch = architecture(cfg, manifest)
+    for node in nodes:
+        check_output_free(node_dir(cfg.exp, node), cfg.overwrite)
+        check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
+    perceptual = Perceptual(cfg.lpips_net, cfg.lpips_weights).to(device)
+    features = FeatureSpace(perceptual, cfg.fid_weights, device)
+    return [train_node(cfg, manifest, node, seed, arch, perceptual, features, device) for node in nodes]
+
+
+def node_classes(manifest: Manifest, node: str) -> list[int]:
+    return sorted({r["label"] for r in manifest.records(node, "train")})
+
+
+def check_buffer_size(size: int, classes: list[int], node: str) -> None:
+    if size < len(classes):
+        raise UserError(f"--buffer-size {size} is smaller than node {node}'s {len(classes)} classes; "
+                        f"use at least {len(classes)} so every class appears")
+
+
+def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: Architecture,
+               perceptual: Perceptual, features: FeatureSpace, device: str) -> dict:
+    data = NodeDataset(manifest, node, "train")
+    classes = node_classes(manifest, node)
+    stream = torch.Generator(device=device)
+    stream.manual_seed(stream_seed(seed, node, "train-gan"))
+    trainer = GanTrainer(arch, settings(cfg), to_float(data.images), data.labels, perceptual, features, stream,
+                         init_seed=stream_seed(seed, node, "gan-init"), device=device)
+    rows: list[dict] = []
+    with TrainingProgress(node, cfg.iterations, cfg.pp_iterations) as progress:
+        phase1, phase2 = run_phases(trainer, lambda row: (rows.append(row), progress.update(row)))
+    if phase2.iteration == 0:
+        console.warn(f"node {node}: the first phase-2 FID already exceeded {cfg.fid_factor} x the phase-1 FID, so "
+                     "the privacy-preserving generator is the standard one; lower --alpha or --fid-every")
+    generators = {}
+    for name, result in (("phase1", phase1), ("phase2", phase2)):
+        generators[name] = Generator(arch).to(device)
+        generators[name].load_state_dict(result.generator)
+    images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, seed, node, device)
+    names = metric_names(perceptual, features)
+    with staged_output(node_dir(cfg.exp, node), cfg.overwrite) as out:
+        save_tensors(out / GENERATOR, phase2.generator, {"phase": "2", "node": node})
+        save_tensors(out / GENERATOR_PHASE1, phase1.generator, {"phase": "1", "node": node})
+        save_tensors(out / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
+        write_csv(out / "metrics.csv", metrics_frame(rows, names))
+        write_samples(out / "samples.png", generators, classes, manifest["label_names"], seed, node, device)
+        summary = {
+            "node": node, "classes": classes, "architecture": dataclasses.asdict(arch),
+            "train_images": len(data), "device": device,
+            "lpips": {"net": cfg.lpips_net, "name": perceptual.name, "calibrated": perceptual.calibrated},
+            "fid": {"name": features.name, "calibrated": features.calibrated},
+            "metric_names": names,
+            "phase1": {"fid": phase1.fid, "best_iteration": phase1.iteration, "iterations": phase1.iterations_run,
+                       "stopped": phase1.stopped},
+            "phase2": {"fid": phase2.fid, "kept_iteration": phase2.iteration,
+                       "iterations": phase2.iterations_run, "stopped": phase2.stopped,
+                       "fid_limit": cfg.fid_factor * phase1.fid},
+            "buffer": {"size": cfg.buffer_size, "sha256": sha256_file(out / BUFFER)},
+        }
+        write_json(out / "config.json", provenance("train-gan", config_json(cfg), seed,
+                                                   {"manifest": manifest.content_hash}) | summary)
+    return summary
+
+
+def config_json(cfg: GanConfig) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def metric_names(perceptual: Perceptual, features: FeatureSpace) -> dict[str, str]:
+    """Column names that carry the network behind each number, e.g. `fid[alex-random]`."""
+    return {"l_pp": f"l_pp[{perceptual.name}]", "lpips_mean": f"lpips_mean[{perceptual.name}]",
+            "fid": f"fid[{features.name}]"}
+
+
+def metrics_frame(rows: list[dict], names: dict[str, str]) -> pd.DataFrame:
+    columns = ["phase", "iteration", "loss_g", "loss_d", "r1", "ada_p", "rt", "l_pp", "lpips_mean", "fid"]
+    return pd.DataFrame(rows).reindex(columns=columns).rename(columns=names)
+
+
+def buffer_metadata(node: str, manifest: Manifest) -> dict[str, str]:
+    return {"node": node, "manifest": manifest.content_hash, "layout": "images uint8 NCHW, labels int64"}
+
+
+def load_generator(folder: Path, filename: str, arch: Architecture, device: str = "cpu") -> Generator:
+    """Rebuild a saved generator from its config and safetensors file; refuse a corrupt checkpoint."""
+    state = load_tensors(folder / filename, "generator checkpoint")
+    generator = Generator(arch)
+    try:
+        generator.load_state_dict(state)
+    except RuntimeError as exc:
+        raise UserError(f"generator checkpoint {folder / filename} does not fit its config.json "
+                        f"({str(exc).splitlines()[0]}); re-run fedcli train-gan --overwrite") from exc
+    return generator.to(device).eval()
+
+
+def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str) -> dict:
+    """Write a buffer of another size from the saved privacy-preserving generator."""
+    folder = node_dir(cfg.exp, node)
+    saved = read_json(folder / "config.json", f"GAN config of node {node} (run fedcli train-gan first)")
+    if saved.get("inputs", {}).get("manifest") != manifest.content_hash:
+        raise UserError(f"node {node}'s generator was trained on another partition (stale manifest hash); "
+                        "re-run fedcli train-gan --overwrite")
+    classes = saved["classes"]
+    check_buffer_size(cfg.buffer_size, classes, node)
+    generator = load_generator(folder, GENERATOR, Architecture(**saved["architecture"]), device)
+    images, labels = sample_buffer(generator, classes, cfg.buffer_size, saved["seed"], node, device)
+    save_tensors(folder / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
+    saved["buffer"] = {"size": cfg.buffer_size, "sha256": sha256_file(folder / BUFFER)}
+    write_json(folder / "config.json", saved)
+    console.out.print(f"node {node}: wrote a buffer of {cfg.buffer_size} images")
+    return saved

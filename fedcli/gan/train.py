@@ -1,0 +1,219 @@
+"""Training one node's GAN: phase 1 (standard, FID early stopping) and phase 2 (privacy loss).
+
+Phase 1 trains without L_PP and stops when FID has not improved for `patience` iterations; its
+best-FID snapshot is the "standard GAN". Phase 2 fine-tunes from that snapshot with
+L_G - alpha * L_PP and stops when FID exceeds `fid_factor` times the best phase-1 FID (or at
+its iteration cap); its generator is the last snapshot whose FID was within the factor.
+Every random draw comes from the trainer's generator, keyed by (seed, node) by the caller.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable
+
+import torch
+
+from fedcli.gan import ada, fid, losses
+from fedcli.gan.networks import Architecture, Discriminator, Generator
+from fedcli.gan.perceptual import Perceptual
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    batch: int = 32
+    lr: float = 0.0025
+    r1_gamma: float = 0.05
+    r1_every: int = 4  # lazy R1: every k-th D step, weighted by k
+    ema_kimg: float = 2.0  # EMA half-life in thousands of images (ramped up early on)
+    ada_target: float = 0.6
+    ada_kimg: float = 20.0  # images (thousands) for p to travel from 0 to 1
+    alpha: float = 1.0
+    iterations: int = 400  # phase-1 cap
+    patience: int = 400
+    pp_iterations: int = 200  # phase-2 cap
+    fid_every: int = 100
+    fid_images: int = 512
+    fid_factor: float = 2.5
+
+
+def build_networks(arch: Architecture, seed_value: int) -> tuple[Generator, Discriminator]:
+    """Networks initialised from a keyed seed, leaving the global generator untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed_value)
+        return Generator(arch), Discriminator(arch)
+
+
+class GanTrainer:
+    def __init__(self, arch: Architecture, settings: TrainSettings, images: torch.Tensor, labels: torch.Tensor,
+                 perceptual: Perceptual, features: fid.FeatureSpace, generator: torch.Generator,
+                 init_seed: int, device: str = "cpu"):
+        self.arch, self.s, self.device, self.rng = arch, settings, device, generator
+        self.reals = images.to(device)  # float [-1, 1]
+        self.labels = labels.to(device)
+        self.G, self.D = (net.to(device) for net in build_networks(arch, init_seed))
+        self.G_ema = copy.deepcopy(self.G).eval().requires_grad_(False)
+        betas = (0.0, 0.99)
+        r1_ratio = settings.r1_every / (settings.r1_every + 1)
+        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=settings.lr, betas=betas)
+        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=settings.lr * r1_ratio,
+                                      betas=(0.0, 0.99 ** r1_ratio))
+        self.ada = ada.AdaptiveAugment(settings.ada_target, settings.ada_kimg)
+        self.perceptual = perceptual.to(device)
+        self.features = features
+        self.iteration = 0
+        self.images_seen = 0
+        self._order = torch.empty(0, dtype=torch.long)
+        with torch.no_grad():
+            real_features = self._embed(self.reals[: settings.fid_images])
+        # fallback features are rescaled to the real features' spread, so FID reads in those units
+        spread = float(real_features.double().var(dim=0).mean().sqrt())
+        self.feature_scale = 1.0 if features.calibrated or spread == 0 else spread
+        self.real_stats = fid.statistics(real_features / self.feature_scale)
+
+    # -- sampling helpers ------------------------------------------------------------------
+    def _randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.rng, device=self.rng.device).to(self.device)
+
+    def _real_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Epochs of shuffled real images without replacement."""
+        b = self.s.batch
+        if len(self._order) < b:
+            more = torch.randperm(len(self.reals), generator=self.rng, device=self.rng.device).to(self.device)
+            self._order = torch.cat([self._order, more])
+        index, self._order = self._order[:b], self._order[b:]
+        return self.reals[index], self.labels[index]
+
+    def _fake_labels(self, n: int) -> torch.Tensor:
+        """Labels drawn from the node's own label distribution."""
+        pick = torch.randint(0, len(self.labels), (n,), generator=self.rng, device=self.rng.device).to(self.device)
+        return self.labels[pick]
+
+    # -- one iteration -----------------------------------------------------------------------
+    def step(self, alpha: float = 0.0) -> dict[str, float]:
+        """One D step and one G step; alpha > 0 adds the privacy loss to the G step."""
+        s, b = self.s, self.s.batch
+        reals, real_labels = self._real_batch()
+        p = self.ada.p
+
+        self.D.requires_grad_(True)
+        fake_labels = self._fake_labels(b)
+        with torch.no_grad():
+            fakes = self.G(self._randn(b, self.arch.z_dim), fake_labels, generator=self.rng)
+        augmented_reals = ada.augment(reals, p, self.rng)
+        fake_logits = self.D(ada.augment(fakes, p, self.rng), fake_labels)
+        do_r1 = s.r1_gamma > 0 and self.iteration % s.r1_every == 0
+        if do_r1:
+            r1, real_logits = losses.r1_penalty(self.D, augmented_reals, real_labels)
+        else:
+            r1, real_logits = torch.zeros((), device=self.device), self.D(augmented_reals, real_labels)
+        loss_d = losses.d_logistic(real_logits, fake_logits) + (s.r1_gamma / 2) * r1 * s.r1_every * do_r1
+        self.opt_d.zero_grad(set_to_none=True)
+        loss_d.backward()
+        self.opt_d.step()
+        self.ada.observe(real_logits)
+
+        self.D.requires_grad_(False)
+        gen_labels = self._fake_labels(b)
+        fakes = self.G(self._randn(b, self.arch.z_dim), gen_labels, generator=self.rng)
+        loss_g = losses.g_nonsaturating(self.D(ada.augment(fakes, p, self.rng), gen_labels))
+        metrics = {"loss_g": loss_g.item(), "loss_d": loss_d.item(), "r1": r1.item() if do_r1 else math.nan,
+                   "ada_p": p, "rt": self.ada.rt}
+        if alpha > 0:
+            l_pp, mean_pp = losses.privacy_loss(self.perceptual, reals, fakes)
+            loss_g = loss_g - alpha * l_pp
+            metrics.update(l_pp=l_pp.item(), lpips_mean=mean_pp.item())
+        self.opt_g.zero_grad(set_to_none=True)
+        loss_g.backward()
+        self.opt_g.step()
+
+        self.iteration += 1
+        self.images_seen += b
+        self._update_ema()
+        return metrics
+
+    def _update_ema(self) -> None:
+        half_life = min(self.s.ema_kimg * 1000, self.images_seen * 0.05)
+        beta = 0.5 ** (self.s.batch / max(half_life, 1e-8))
+        with torch.no_grad():
+            for p_ema, p in zip(self.G_ema.parameters(), self.G.parameters()):
+                p_ema.lerp_(p, 1 - beta)
+            for b_ema, b in zip(self.G_ema.buffers(), self.G.buffers()):
+                b_ema.copy_(b)
+
+    # -- evaluation and snapshots --------------------------------------------------------
+    def _embed(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.features.embed(images[i:i + 256]) for i in range(0, len(images), 256)])
+
+    @torch.no_grad()
+    def fid(self) -> float:
+        """FID of the EMA generator against the node's real train images (fixed draw per call order)."""
+        n = min(self.s.fid_images, max(len(self.reals), 2))
+        fakes = torch.cat([self.G_ema(self._randn(m, self.arch.z_dim), self._fake_labels(m), generator=self.rng)
+                           for m in chunk_sizes(n, 256)])
+        fake_features = self._embed(fakes.clamp(-1, 1)) / self.feature_scale
+        return fid.frechet_distance(self.real_stats, fid.statistics(fake_features))
+
+    def snapshot(self) -> dict:
+        return copy.deepcopy({"G": self.G.state_dict(), "D": self.D.state_dict(), "G_ema": self.G_ema.state_dict(),
+                              "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
+                              "ada": self.ada.state_dict()})
+
+    def restore(self, state: dict) -> None:
+        self.G.load_state_dict(state["G"])
+        self.D.load_state_dict(state["D"])
+        self.G_ema.load_state_dict(state["G_ema"])
+        self.opt_g.load_state_dict(state["opt_g"])
+        self.opt_d.load_state_dict(state["opt_d"])
+        self.ada.load_state_dict(state["ada"])
+
+
+def chunk_sizes(n: int, size: int) -> list[int]:
+    return [min(size, n - start) for start in range(0, n, size)]
+
+
+@dataclasses.dataclass
+class PhaseResult:
+    generator: dict  # EMA state dict
+    fid: float
+    iteration: int
+    iterations_run: int
+    stopped: str  # "cap" (iteration limit), "patience" (phase 1) or "fid-factor" (phase 2)
+
+
+def run_phases(trainer: GanTrainer, log: Callable[[dict], None]) -> tuple[PhaseResult, PhaseResult]:
+    """Phase 1 then phase 2; `log` receives one row per iteration (with `fid` where evaluated)."""
+    s = trainer.s
+    best_fid, best_state, best_iteration, since_best = math.inf, None, 0, 0
+    stopped = "cap"
+    for i in range(1, s.iterations + 1):
+        row = {"phase": 1, "iteration": i, **trainer.step(alpha=0.0)}
+        if i % s.fid_every == 0 or i == s.iterations:
+            row["fid"] = trainer.fid()
+            if row["fid"] < best_fid:
+                best_fid, best_state, best_iteration, since_best = row["fid"], trainer.snapshot(), i, 0
+            else:
+                since_best += s.fid_every
+        log(row)
+        if since_best >= s.patience:
+            stopped = "patience"
+            break
+    phase1 = PhaseResult(copy.deepcopy(best_state["G_ema"]), best_fid, best_iteration, i, stopped)
+
+    trainer.restore(best_state)
+    kept = PhaseResult(phase1.generator, best_fid, 0, 0, "cap")
+    limit = s.fid_factor * best_fid
+    for j in range(1, s.pp_iterations + 1):
+        row = {"phase": 2, "iteration": j, **trainer.step(alpha=s.alpha)}
+        if j % s.fid_every == 0 or j == s.pp_iterations:
+            row["fid"] = trainer.fid()
+            if row["fid"] > limit:
+                log(row)
+                kept.stopped, kept.iterations_run = "fid-factor", j
+                return phase1, kept
+            kept = PhaseResult(copy.deepcopy(trainer.G_ema.state_dict()), row["fid"], j, j, "cap")
+        log(row)
+    kept.iterations_run = s.pp_iterations
+    return phase1, kept

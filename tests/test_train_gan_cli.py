@@ -1,0 +1,160 @@
+"""`fedcli train-gan` end to end on a tiny digits partition: artifacts, buffer, determinism, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+
+import pandas as pd
+import pytest
+import torch
+from safetensors import safe_open
+
+from conftest import Cli
+from fedcli.artifacts import tensor_metadata
+from fedcli.data.manifest import content_hash
+
+TINY = ["--iterations", "12", "--patience", "100", "--pp-iterations", "6", "--fid-every", "6", "--fid-images", "32",
+        "--batch", "8", "--channel-base", "128", "--channel-max", "16", "--z-dim", "16", "--w-dim", "16",
+        "--buffer-size", "30"]
+
+
+@pytest.fixture(scope="module")
+def gan_exp(tmp_path_factory):
+    exp = tmp_path_factory.mktemp("gan") / "exp"
+    cli = Cli()
+    cli.ok("partition", "--nodes", "2", "--image-size", "16", "--exp", exp)
+    cli.ok("train-gan", "--exp", exp, *TINY)
+    return exp
+
+
+def copy_exp(src, tmp_path):
+    dst = tmp_path / "exp"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_every_node_gets_generators_buffer_metrics_samples_and_config(gan_exp):
+    for node in ("node0", "node1"):
+        files = {p.name for p in (gan_exp / "gan" / node).iterdir()}
+        assert files == {"generator.safetensors", "generator_phase1.safetensors", "buffer.safetensors",
+                         "metrics.csv", "samples.png", "config.json"}
+        config = json.loads((gan_exp / "gan" / node / "config.json").read_text())
+        manifest = json.loads((gan_exp / "partition" / "manifest.json").read_text())
+        assert config["inputs"]["manifest"] == manifest["content_hash"]
+        assert config["architecture"]["resolution"] == 16 and config["config"]["iterations"] == 12
+        assert config["lpips"] == {"net": "alex", "name": "alex-random", "calibrated": False}
+        assert config["fid"] == {"name": "alex-random", "calibrated": False}
+
+
+def test_metrics_name_the_networks_behind_them(gan_exp):
+    metrics = pd.read_csv(gan_exp / "gan" / "node0" / "metrics.csv")
+    assert {"fid[alex-random]", "l_pp[alex-random]", "lpips_mean[alex-random]", "ada_p"} <= set(metrics.columns)
+    assert set(metrics["phase"]) == {1, 2}
+    assert metrics[metrics["phase"] == 1]["l_pp[alex-random]"].isna().all()
+    assert metrics[metrics["phase"] == 2]["l_pp[alex-random]"].notna().all()
+    assert metrics["fid[alex-random]"].notna().sum() >= 2
+
+
+def test_buffer_is_uint8_exact_size_class_interleaved_and_pickle_free(gan_exp):
+    path = gan_exp / "gan" / "node1" / "buffer.safetensors"
+    with safe_open(str(path), framework="pt") as handle:  # safetensors: no code runs on load
+        images, labels = handle.get_tensor("images"), handle.get_tensor("labels")
+    assert tensor_metadata(path)["node"] == "node1"
+    assert images.dtype == torch.uint8 and images.shape == (30, 1, 16, 16)
+    assert labels.dtype == torch.int64 and labels.tolist() == [i % 10 for i in range(30)]
+    for prefix in (10, 20, 30):
+        assert set(Counter(labels[:prefix].tolist()).values()) == {prefix // 10}
+
+
+def test_same_seed_same_buffer_bytes_and_one_node_alone_equals_all(gan_exp, tmp_path):
+    exp = tmp_path / "again"
+    cli = Cli()
+    cli.ok("partition", "--nodes", "2", "--image-size", "16", "--exp", exp)
+    cli.ok("train-gan", "--exp", exp, "--node", "node1", *TINY)
+    assert not (exp / "gan" / "node0").exists()
+    for name in ("buffer.safetensors", "generator.safetensors"):
+        assert (exp / "gan" / "node1" / name).read_bytes() == (gan_exp / "gan" / "node1" / name).read_bytes()
+
+
+def test_sample_only_writes_a_prefix_stable_buffer_of_another_size(gan_exp, tmp_path):
+    exp = copy_exp(gan_exp, tmp_path)
+    cli = Cli()
+    cli.ok("train-gan", "--exp", exp, "--node", "node0", "--sample-only", "--buffer-size", "100")
+    with safe_open(str(exp / "gan" / "node0" / "buffer.safetensors"), framework="pt") as big:
+        images = big.get_tensor("images")
+    with safe_open(str(gan_exp / "gan" / "node0" / "buffer.safetensors"), framework="pt") as small:
+        assert torch.equal(images[:30], small.get_tensor("images"))
+    assert images.shape[0] == 100
+    assert json.loads((exp / "gan" / "node0" / "config.json").read_text())["buffer"]["size"] == 100
+
+
+def test_quick_defaults_are_recorded(gan_exp):
+    config = json.loads((gan_exp / "gan" / "node0" / "config.json").read_text())
+    assert config["config"]["lpips_net"] == "alex" and config["config"]["fid_factor"] == 2.5
+    assert config["phase2"]["fid"] <= config["phase2"]["fid_limit"] or config["phase2"]["kept_iteration"] == 0
+
+
+def assert_gan_untouched(exp, before):
+    after = sorted(p.relative_to(exp).as_posix() for p in exp.rglob("*"))
+    assert after == before
+
+
+def listing(exp):
+    return sorted(p.relative_to(exp).as_posix() for p in exp.rglob("*"))
+
+
+def test_missing_manifest_and_unknown_node(cli, tmp_path, gan_exp):
+    assert "run fedcli partition" in cli.user_error("train-gan", "--exp", tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+    exp = copy_exp(gan_exp, tmp_path)
+    before = listing(exp)
+    line = cli.user_error("train-gan", "--exp", exp, "--node", "node9", *TINY)
+    assert "node9" in line and "valid nodes: node0, node1" in line
+    assert_gan_untouched(exp, before)
+
+
+def test_existing_output_buffer_size_alpha_and_weights(cli, tmp_path, gan_exp):
+    exp = copy_exp(gan_exp, tmp_path)
+    before = listing(exp)
+    assert "--overwrite" in cli.user_error("train-gan", "--exp", exp, *TINY)
+    assert "smaller than node node0's 10 classes" in cli.user_error("train-gan", "--exp", exp, *TINY,
+                                                                    "--buffer-size", "5", "--overwrite")
+    assert "--alpha" in cli.user_error("train-gan", "--exp", exp, *TINY, "--alpha", "-1", "--overwrite")
+    assert "does not exist" in cli.user_error("train-gan", "--exp", exp, "--lpips-weights", tmp_path / "x.pth")
+    assert "smaller than" in cli.user_error("train-gan", "--exp", exp, "--sample-only", "--buffer-size", "3")
+    assert_gan_untouched(exp, before)
+
+
+def test_stale_manifest_is_detected(cli, tmp_path, gan_exp):
+    exp = copy_exp(gan_exp, tmp_path)
+    cli.ok("partition", "--nodes", "2", "--image-size", "16", "--seed", "5", "--exp", exp, "--overwrite")
+    before = listing(exp)
+    line = cli.user_error("train-gan", "--exp", exp, "--sample-only", "--buffer-size", "40")
+    assert "stale" in line and "node0" in line
+    assert_gan_untouched(exp, before)
+
+
+def test_corrupt_checkpoint_is_refused(cli, tmp_path, gan_exp):
+    exp = copy_exp(gan_exp, tmp_path)
+    checkpoint = exp / "gan" / "node1" / "generator.safetensors"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:200])
+    line = cli.user_error("train-gan", "--exp", exp, "--node", "node1", "--sample-only")
+    assert "generator checkpoint" in line and "corrupt" in line
+    from fedcli.artifacts import save_tensors
+
+    save_tensors(checkpoint, {"weight": torch.zeros(3)})
+    assert "does not fit" in cli.user_error("train-gan", "--exp", exp, "--node", "node1", "--sample-only")
+
+
+def test_resolution_that_is_not_a_power_of_two(cli, tmp_path, gan_exp):
+    exp = copy_exp(gan_exp, tmp_path)
+    path = exp / "partition" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["image_size"] = 24  # as another tool might write it
+    data["content_hash"] = content_hash(data)
+    path.write_text(json.dumps(data))
+    shutil.rmtree(exp / "gan")
+    assert "power of two" in cli.user_error("train-gan", "--exp", exp, *TINY)
+    assert not (exp / "gan").exists()
