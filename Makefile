@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/fedcli partition --config recipes/quickstart.toml --exp results/demo --overwrite
 	$(BIN)/fedcli train-gan --config recipes/quickstart.toml --exp results/demo --overwrite
+	$(BIN)/fedcli federate --config recipes/quickstart.toml --exp results/demo --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -23,6 +24,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/dataset_throughput.py
 	$(BIN)/python bench/gan_throughput.py
+	$(BIN)/python bench/federate_throughput.py
 
 clean:
 	rm -rf $(VENV) results/demo .pytest_cache

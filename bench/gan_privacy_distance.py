@@ -19,7 +19,8 @@ from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.gan.networks import Architecture
 from fedcli.gan.perceptual import Perceptual
-from fedcli.gan.stage import GENERATOR, GENERATOR_PHASE1, load_generator
+from fedcli.gan.stage import load_generator
+from fedcli.layout import GENERATOR, GENERATOR_PHASE1
 
 SAMPLES = 512
 

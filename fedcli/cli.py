@@ -10,7 +10,9 @@ import typer
 from typer.core import TyperGroup
 
 from fedcli import __version__, console
-from fedcli.config import Device, GanConfig, LpipsNet, PartitionConfig, Scheme, Source, Task, resolve
+from fedcli.config import (BufferCodec, Device, FederateConfig, GanConfig, LpipsNet, ModelName, PartitionConfig,
+                           Scheme, Source, Task, resolve)
+from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
@@ -172,9 +174,67 @@ def train_gan(
 
 
 @app.command(epilog="Example: fedcli federate --strategy feder --strategy fedavg --exp results/demo")
-def federate(exp: Path = typer.Option(..., "--exp", help=EXP_HELP)) -> None:
-    """Run FedER and the baselines (FedAvg, FedProx, FedBN, standalone, centralized) on the partition."""
-    not_yet("federate", "the federation stage")
+def federate(
+    ctx: typer.Context,
+    exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
+    strategy: list[str] = typer.Option(list(FederateConfig.strategy), help="Repeatable: feder, feder-a, feder-b, "
+                                       "cyclic, fedavg, fedprox, fedbn, standalone, central, central-synthetic, "
+                                       "central-mixed."),
+    rounds: int = typer.Option(FederateConfig.rounds, help="Federated rounds R."),
+    epochs: int = typer.Option(FederateConfig.epochs, help="Local epochs E per round."),
+    init_epochs: Optional[int] = typer.Option(None, help="Epochs each node trains alone before round 1 "
+                                              "[default: E].", show_default=False),
+    lr: float = typer.Option(FederateConfig.lr, help="Adam learning rate (fresh optimiser every round)."),
+    batch: int = typer.Option(FederateConfig.batch, help="Real images per mini-batch (FedER adds as many "
+                              "buffer images)."),
+    node_batch: list[str] = typer.Option([], help="Repeatable NODE=B: a node's own batch size (the study: "
+                                         "shenzhen=32, montgomery=8)."),
+    lam: float = typer.Option(FederateConfig.lam, help="lambda: loss = lambda CE(real) + (1 - lambda) CE(buffer)."),
+    mu: float = typer.Option(FederateConfig.mu, help="FedProx proximal weight."),
+    buffer_size: Optional[int] = typer.Option(None, help="Use the first k buffer images of each node; 0 = "
+                                              "FedER without replay [default: all].", show_default=False),
+    buffer_codec: BufferCodec = typer.Option(FederateConfig.buffer_codec, help="How buffers travel: png "
+                                             "(lossless, per image) or raw."),
+    model: ModelName = typer.Option(FederateConfig.model, help="Classifier: cnn (quick), resnet18 (the study), "
+                                    "resnet50, densenet121."),
+    pretrained: bool = typer.Option(FederateConfig.pretrained, help="Start from ImageNet weights (torch hub "
+                                    "cache or --model-weights)."),
+    model_weights: Optional[Path] = typer.Option(None, help="torchvision ImageNet state dict for --pretrained.",
+                                                 show_default=False),
+    eval_every: int = typer.Option(FederateConfig.eval_every, help="Rounds between evaluations (and the last)."),
+    bootstrap: int = typer.Option(FederateConfig.bootstrap, help="Bootstrap resamples for 95% intervals."),
+    fold: Optional[int] = typer.Option(None, help="Train on the other train folds, evaluate on fold k (model "
+                                       "selection without the test set).", show_default=False),
+    cv: bool = typer.Option(FederateConfig.cv, help="Run every fold and report mean and std."),
+    seed: Optional[int] = typer.Option(None, help="Seed [default: the partition's].", show_default=False),
+    device: Device = typer.Option(FederateConfig.device, help="auto (CUDA when present), cpu or cuda."),
+    resume: bool = typer.Option(FederateConfig.resume, help="Continue from the last completed round."),
+    config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
+    overwrite: bool = typer.Option(FederateConfig.overwrite, help="Replace existing strategy folders."),
+) -> None:
+    """Run FedER and the baselines (FedAvg, FedProx, FedBN, standalone, centralized) on the partition.
+
+    Writes <exp>/federate/<strategy>/: metrics.csv, comm.csv, models/, config.json.
+    """
+    from fedcli.fl.stage import run
+    from fedcli.report.tables import cv_table, ensemble_table, node_convergence_table, node_performance_table
+
+    params = dict(ctx.params)
+    cfg = resolve(FederateConfig, params, given_on_command_line(ctx), params.pop("config"), "federate")
+    runs = run(cfg)
+    nodes = Manifest.load(cfg.exp).node_names
+    for fold in sorted({r.fold for r in runs}, key=lambda f: -1 if f is None else f):
+        chosen = [r for r in runs if r.fold == fold]
+        if fold is not None:
+            console.out.print(f"fold {fold} (validation on train fold {fold}; the GAN buffers have seen it)")
+        console.out.print(node_performance_table(chosen, nodes))
+        console.out.print(node_convergence_table(chosen, nodes))
+        ensemble = ensemble_table(chosen, nodes)
+        if ensemble is not None:
+            console.out.print(ensemble)
+    if cfg.cv:
+        console.out.print(cv_table(runs, nodes))
+    console.out.print(f"wrote {cfg.exp / 'federate'}")
 
 
 @app.command("audit-privacy", epilog="Example: fedcli audit-privacy --exp results/demo")

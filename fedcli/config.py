@@ -115,6 +115,10 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
         return coerce(value, options[0], key) if len(options) == 1 else value
+    if origin is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UserError(f"recipe key {key} = {value!r} must be a list of strings")
+        return tuple(value)
     if origin is Literal:
         if value not in args:
             raise UserError(f"recipe key {key} = {value!r} is not one of {', '.join(map(str, args))}")
@@ -181,3 +185,76 @@ class GanConfig:
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise UserError(f"--{name.replace('_', '-')} {path} does not exist")
+
+
+ModelName = Literal["cnn", "resnet18", "resnet50", "densenet121"]
+BufferCodec = Literal["png", "raw"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FederateConfig:
+    """`fedcli federate`. Defaults are a quick CPU configuration (small CNN, few rounds); the study
+    used ResNet-18, R = 100, E = 100, lr 1e-4."""
+
+    exp: Path
+    strategy: tuple[str, ...] = ("feder",)
+    rounds: int = 10
+    epochs: int = 1
+    init_epochs: int | None = None  # default: epochs
+    lr: float = 1e-3
+    batch: int = 32
+    node_batch: tuple[str, ...] = ()  # NODE=B overrides, e.g. montgomery=8 (the study's per-node sizes)
+    lam: float = 0.5
+    mu: float = 0.01
+    buffer_size: int | None = None  # default: the whole buffer
+    buffer_codec: BufferCodec = "png"
+    model: ModelName = "cnn"
+    pretrained: bool = False
+    model_weights: Path | None = None
+    eval_every: int = 1
+    bootstrap: int = 1000
+    fold: int | None = None
+    cv: bool = False
+    seed: int | None = None
+    device: Device = "auto"
+    resume: bool = False
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        from fedcli.fl.strategies import STRATEGIES
+
+        object.__setattr__(self, "strategy", tuple(dict.fromkeys(self.strategy)))
+        for name in self.strategy:
+            if name not in STRATEGIES:
+                raise UserError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+        if not self.strategy:
+            raise UserError("no --strategy given")
+        for name in ("rounds", "epochs", "batch", "eval_every"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.init_epochs is not None and self.init_epochs < 0:
+            raise UserError(f"--init-epochs must be >= 0, got {self.init_epochs}")
+        if self.mu < 0:
+            raise UserError(f"--mu must be >= 0, got {self.mu}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise UserError(f"--lam (lambda, the weight of the real-data loss) must lie in [0, 1], got {self.lam}")
+        if self.buffer_size is not None and self.buffer_size < 0:
+            raise UserError(f"--buffer-size must be >= 0, got {self.buffer_size}")
+        if self.bootstrap < 10:
+            raise UserError(f"--bootstrap needs at least 10 resamples, got {self.bootstrap}")
+        if self.fold is not None and self.cv:
+            raise UserError("--fold and --cv exclude each other: --cv already runs every fold")
+        if self.model_weights is not None and not Path(self.model_weights).is_file():
+            raise UserError(f"--model-weights {self.model_weights} does not exist")
+        object.__setattr__(self, "node_batch", tuple(self.node_batch))
+        self.batch_sizes()
+
+    def batch_sizes(self) -> dict[str, int]:
+        """--node-batch NODE=B pairs as a dict."""
+        sizes = {}
+        for item in self.node_batch:
+            node, _, size = item.partition("=")
+            if not node or not size.isdigit() or int(size) < 1:
+                raise UserError(f"--node-batch {item!r} is not NODE=B with a positive integer B (e.g. montgomery=8)")
+            sizes[node] = int(size)
+        return sizes

@@ -68,6 +68,27 @@ def digits_manifest(digits_exp) -> Manifest:
     return Manifest.load(digits_exp)
 
 
+TINY_GAN = ["--iterations", "12", "--patience", "100", "--pp-iterations", "6", "--fid-every", "6", "--fid-images",
+            "32", "--batch", "8", "--channel-base", "128", "--channel-max", "16", "--z-dim", "16", "--w-dim", "16",
+            "--buffer-size", "30"]
+
+
+def tiny_gan_exp(tmp_path_factory, nodes: int) -> Path:
+    """A 16x16 digits partition with tiny GANs trained on every node (buffers of 30 images)."""
+    exp = tmp_path_factory.mktemp("gan") / "exp"
+    cli = Cli()
+    cli.ok("partition", "--nodes", str(nodes), "--image-size", "16", "--exp", exp)
+    cli.ok("train-gan", "--exp", exp, *TINY_GAN)
+    return exp
+
+
+def copy_exp(src: Path, tmp_path: Path) -> Path:
+    """A private copy of a shared experiment, for tests that change it."""
+    dst = tmp_path / "exp"
+    shutil.copytree(src, dst)
+    return dst
+
+
 def write_png(path: Path, value: int, size: int = 12, mode: str = "L") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(value)

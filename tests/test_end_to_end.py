@@ -38,20 +38,45 @@ def test_console_script_error_is_one_line_with_exit_code_2(tmp_path):
     assert not (tmp_path / "exp").exists()
 
 
+@pytest.fixture(scope="module")
+def quick_exp(tmp_path_factory):
+    """Partition and train-gan at the commands' own quick defaults: 3 digits nodes."""
+    from conftest import Cli
+
+    exp = tmp_path_factory.mktemp("quick") / "exp"
+    Cli().ok("partition", "--nodes", "3", "--exp", exp)
+    Cli().ok("train-gan", "--exp", exp)
+    return exp
+
+
 @pytest.mark.slow
-def test_quick_config_buffer_is_class_faithful(tmp_path, cli):
+def test_quick_config_buffers_are_class_faithful(quick_exp):
     """A classifier trained on a node's real digits labels its synthetic buffer mostly as the buffer's labels."""
     from sklearn.linear_model import LogisticRegression
 
     from fedcli.artifacts import load_tensors
     from fedcli.data.dataset import NodeDataset
 
-    exp = tmp_path / "exp"
-    cli.ok("partition", "--nodes", "3", "--exp", exp)
-    cli.ok("train-gan", "--exp", exp, "--node", "node1")  # the command's own quick defaults
-    manifest = Manifest.load(exp)
-    real = NodeDataset(manifest, "node1", "train")
-    classifier = LogisticRegression(max_iter=2000, C=0.1).fit(real.images.flatten(1).numpy() / 255, real.labels)
-    buffer = load_tensors(exp / "gan" / "node1" / "buffer.safetensors", "buffer")
-    fidelity = classifier.score(buffer["images"].flatten(1).numpy() / 255, buffer["labels"].numpy())
-    assert fidelity >= 0.7, fidelity
+    manifest = Manifest.load(quick_exp)
+    for node in manifest.node_names:
+        real = NodeDataset(manifest, node, "train")
+        classifier = LogisticRegression(max_iter=2000, C=0.1).fit(real.images.flatten(1).numpy() / 255, real.labels)
+        buffer = load_tensors(quick_exp / "gan" / node / "buffer.safetensors", "buffer")
+        fidelity = classifier.score(buffer["images"].flatten(1).numpy() / 255, buffer["labels"].numpy())
+        assert fidelity >= 0.7, (node, fidelity)
+
+
+@pytest.mark.slow
+def test_every_strategy_beats_chance_at_the_quick_config(quick_exp, cli):
+    import pandas as pd
+
+    from fedcli.fl.strategies import STRATEGIES
+
+    args = [a for name in STRATEGIES for a in ("--strategy", name)]
+    cli.ok("federate", "--exp", quick_exp, *args, "--bootstrap", "100", "--eval-every", "10")
+    for name in STRATEGIES:
+        metrics = pd.read_csv(quick_exp / "federate" / name / "metrics.csv")
+        final = metrics[(metrics["round"] == metrics["round"].max()) & (metrics["model_node"] != "ensemble")]
+        own = final[(final["model_node"] == final["test_node"]) | final["model_node"].isin(["global", "central"])]
+        # chance on 10 balanced classes is 0.1; every node's own model must clear it with its whole 95% interval
+        assert (own["accuracy_lo"] > 0.1).all() and own["accuracy"].mean() > 0.3, (name, own["accuracy"].tolist())

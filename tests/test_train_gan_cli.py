@@ -11,28 +11,16 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import Cli
+from conftest import TINY_GAN, Cli, copy_exp, tiny_gan_exp
 from fedcli.artifacts import tensor_metadata
 from fedcli.data.manifest import content_hash
 
-TINY = ["--iterations", "12", "--patience", "100", "--pp-iterations", "6", "--fid-every", "6", "--fid-images", "32",
-        "--batch", "8", "--channel-base", "128", "--channel-max", "16", "--z-dim", "16", "--w-dim", "16",
-        "--buffer-size", "30"]
+TINY = TINY_GAN
 
 
 @pytest.fixture(scope="module")
 def gan_exp(tmp_path_factory):
-    exp = tmp_path_factory.mktemp("gan") / "exp"
-    cli = Cli()
-    cli.ok("partition", "--nodes", "2", "--image-size", "16", "--exp", exp)
-    cli.ok("train-gan", "--exp", exp, *TINY)
-    return exp
-
-
-def copy_exp(src, tmp_path):
-    dst = tmp_path / "exp"
-    shutil.copytree(src, dst)
-    return dst
+    return tiny_gan_exp(tmp_path_factory, nodes=2)
 
 
 def test_every_node_gets_generators_buffer_metrics_samples_and_config(gan_exp):

@@ -20,6 +20,8 @@ from fedcli.artifacts import (check_output_free, load_tensors, provenance, read_
 from fedcli.config import GanConfig
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
+from fedcli.devices import resolve_device
+from fedcli.layout import BUFFER, GENERATOR, GENERATOR_PHASE1, gan_dir
 from fedcli.errors import UserError
 from fedcli.gan.buffer import sample_buffer
 from fedcli.gan.fid import FeatureSpace
@@ -29,21 +31,6 @@ from fedcli.gan.progress import TrainingProgress
 from fedcli.gan.samples import write_samples
 from fedcli.gan.train import GanTrainer, TrainSettings, run_phases
 from fedcli.rng import stream_seed
-
-GENERATOR = "generator.safetensors"
-GENERATOR_PHASE1 = "generator_phase1.safetensors"
-BUFFER = "buffer.safetensors"
-
-
-def node_dir(exp: Path, node: str) -> Path:
-    return Path(exp) / "gan" / node
-
-
-def resolve_device(device: str) -> str:
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda, but no CUDA device is visible; use --device cpu")
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-
 
 def architecture(cfg: GanConfig, manifest: Manifest) -> Architecture:
     try:
@@ -70,7 +57,7 @@ def run(cfg: GanConfig) -> list[dict]:
         return [resample(cfg, manifest, node, seed, device) for node in nodes]
     arch = architecture(cfg, manifest)
     for node in nodes:
-        check_output_free(node_dir(cfg.exp, node), cfg.overwrite)
+        check_output_free(gan_dir(cfg.exp, node), cfg.overwrite)
         check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
     perceptual = Perceptual(cfg.lpips_net, cfg.lpips_weights).to(device)
     features = FeatureSpace(perceptual, cfg.fid_weights, device)
@@ -107,7 +94,7 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
         generators[name].load_state_dict(result.generator)
     images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, seed, node, device)
     names = metric_names(perceptual, features)
-    with staged_output(node_dir(cfg.exp, node), cfg.overwrite) as out:
+    with staged_output(gan_dir(cfg.exp, node), cfg.overwrite) as out:
         save_tensors(out / GENERATOR, phase2.generator, {"phase": "2", "node": node})
         save_tensors(out / GENERATOR_PHASE1, phase1.generator, {"phase": "1", "node": node})
         save_tensors(out / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
@@ -164,7 +151,7 @@ def load_generator(folder: Path, filename: str, arch: Architecture, device: str 
 
 def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str) -> dict:
     """Write a buffer of another size from the saved privacy-preserving generator."""
-    folder = node_dir(cfg.exp, node)
+    folder = gan_dir(cfg.exp, node)
     saved = read_json(folder / "config.json", f"GAN config of node {node} (run fedcli train-gan first)")
     if saved.get("inputs", {}).get("manifest") != manifest.content_hash:
         raise UserError(f"node {node}'s generator was trained on another partition (stale manifest hash); "

@@ -20,3 +20,95 @@ def gan_table(summaries: list[dict]) -> Table:
         table.add_row(s["node"], str(s["train_images"]), f"{p1['fid']:.4g}", str(p1["iterations"]), p1["stopped"],
                       f"{p2['fid']:.4g}", str(p2["iterations"]), p2["stopped"], str(s["buffer"]["size"]))
     return table
+
+
+SINGLE_MODELS = ("global", "central")
+
+
+def final_round(rows: list[dict]) -> list[dict]:
+    last = max(r["round"] for r in rows)
+    return [r for r in rows if r["round"] == last]
+
+
+def own_model_row(rows: list[dict], node: str) -> dict | None:
+    """The model a node ends up with, on its own test set: its own model, or the shared one."""
+    for r in rows:
+        if r["test_node"] == node and (r["model_node"] == node or r["model_node"] in SINGLE_MODELS):
+            return r
+    return None
+
+
+def with_ci(row: dict, metric: str) -> str:
+    return f"{row[metric]:.3f} [{row[metric + '_lo']:.2f}, {row[metric + '_hi']:.2f}]"
+
+
+def node_performance_table(runs, nodes: list[str], metric: str = "accuracy") -> Table:
+    """Each node's model on its own test set (final round), with bootstrap 95% intervals."""
+    table = Table(title=f"node performance ({metric}, final round, 95% bootstrap CI)")
+    for column in ("strategy", *nodes, "mean"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for run in runs:
+        rows = final_round(run.rows)
+        cells = [own_model_row(rows, node) for node in nodes]
+        values = [c[metric] for c in cells if c is not None]
+        table.add_row(run.strategy, *(with_ci(c, metric) if c else "-" for c in cells),
+                      f"{sum(values) / len(values):.3f}" if values else "-")
+    return table
+
+
+def node_convergence_table(runs, nodes: list[str], metric: str = "accuracy") -> Table:
+    """For each test set: mean and sample std over the node models (one shared model: its value)."""
+    import numpy as np
+
+    table = Table(title=f"node convergence ({metric} on each test set: mean ± std over node models)")
+    for column in ("strategy", *nodes):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for run in runs:
+        rows = final_round(run.rows)
+        cells = []
+        for node in nodes:
+            values = [r[metric] for r in rows if r["test_node"] == node and r["model_node"] in nodes]
+            if not values:
+                values = [r[metric] for r in rows if r["test_node"] == node and r["model_node"] in SINGLE_MODELS]
+            std = np.std(values, ddof=1) if len(values) > 1 else 0.0
+            cells.append(f"{np.mean(values):.3f} ± {std:.3f}")
+        table.add_row(run.strategy, *cells)
+    return table
+
+
+def ensemble_table(runs, nodes: list[str], metric: str = "accuracy") -> Table | None:
+    """Ensemble of node models (mean softmax) on each test set, next to the mean single model."""
+    table = Table(title=f"single node model vs ensemble ({metric}, final round)")
+    for column in ("strategy", "single (mean)", "ensemble (mean)", *nodes):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    shown = False
+    for run in runs:
+        rows = final_round(run.rows)
+        ensemble = {r["test_node"]: r[metric] for r in rows if r["model_node"] == "ensemble"}
+        if not ensemble:
+            continue
+        single = [r[metric] for r in rows if r["model_node"] in nodes]
+        table.add_row(run.strategy, f"{sum(single) / len(single):.3f}",
+                      f"{sum(ensemble.values()) / len(ensemble):.3f}", *(f"{ensemble[n]:.3f}" for n in nodes))
+        shown = True
+    return table if shown else None
+
+
+def cv_table(runs, nodes: list[str], metric: str = "accuracy") -> Table:
+    """Cross-validation: each node's own model on its validation fold, mean ± std over folds."""
+    import numpy as np
+
+    table = Table(title=f"cross-validation ({metric} on the held-out train fold, mean ± std over folds)",
+                  caption="the GAN buffers were trained on every train fold, so they have seen each validation fold")
+    for column in ("strategy", *nodes, "mean"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for strategy in dict.fromkeys(r.strategy for r in runs):
+        per_fold = []
+        for run in (r for r in runs if r.strategy == strategy):
+            rows = final_round(run.rows)
+            per_fold.append([own_model_row(rows, node)[metric] for node in nodes])
+        values = np.array(per_fold)
+        std = lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0  # noqa: E731
+        table.add_row(strategy, *(f"{values[:, i].mean():.3f} ± {std(values[:, i]):.3f}" for i in range(len(nodes))),
+                      f"{values.mean(axis=1).mean():.3f} ± {std(values.mean(axis=1)):.3f}")
+    return table

@@ -1,0 +1,13 @@
+"""Device choice shared by the training stages: CUDA when present, else CPU; `--device` overrides."""
+
+from __future__ import annotations
+
+import torch
+
+from fedcli.errors import UserError
+
+
+def resolve_device(device: str) -> str:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda, but no CUDA device is visible; use --device cpu")
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device

@@ -1,0 +1,1 @@
+"""Federated training: payloads, transport, topology, local training, strategies, evaluation."""

@@ -1,0 +1,107 @@
+"""Node-local training: E epochs over a primary source, optionally replaying a buffer.
+
+With replay, each mini-batch concatenates b primary and b replay images in one forward pass
+(BatchNorm sees both) and the loss is lambda * CE(primary) + (1 - lambda) * CE(replay); the
+replay source is cycled without replacement, so an epoch has as many steps as without replay.
+FedProx adds (mu / 2) * ||w - w_global||^2. A fresh Adam each call: optimiser moments never travel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedcli.data.dataset import augment_batch, to_float
+
+
+@dataclasses.dataclass
+class TensorSource:
+    """uint8 images (N, C, H, W) and labels, drawn in shuffled passes without replacement."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @staticmethod
+    def concat(sources: list["TensorSource"]) -> "TensorSource":
+        return TensorSource(torch.cat([s.images for s in sources]), torch.cat([s.labels for s in sources]))
+
+
+class Cycler:
+    """Endless draws from a source, reshuffled after each full pass."""
+
+    def __init__(self, source: TensorSource, generator: torch.Generator):
+        self.source, self.generator = source, generator
+        self.order = torch.empty(0, dtype=torch.long)
+
+    def take(self, n: int) -> torch.Tensor:
+        while len(self.order) < n:
+            self.order = torch.cat([self.order, torch.randperm(len(self.source), generator=self.generator)])
+        index, self.order = self.order[:n], self.order[n:]
+        return index
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSettings:
+    epochs: int
+    lr: float
+    batch: int
+    lam: float = 0.5
+    mu: float = 0.0
+    augment: tuple[str, ...] = ()
+
+
+def replay_loss(logits: torch.Tensor, labels: torch.Tensor, n_primary: int, lam: float) -> torch.Tensor:
+    """lambda * CE(primary part) + (1 - lambda) * CE(replay part) of one concatenated batch."""
+    primary = F.cross_entropy(logits[:n_primary], labels[:n_primary])
+    if n_primary == len(labels):
+        return primary
+    return lam * primary + (1 - lam) * F.cross_entropy(logits[n_primary:], labels[n_primary:])
+
+
+def proximal_term(model: nn.Module, anchor: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
+    return (mu / 2) * sum((p - anchor[name]).square().sum() for name, p in model.named_parameters())
+
+
+def train_local(model: nn.Module, primary: TensorSource, replay: TensorSource | None, settings: LocalSettings,
+                generator: torch.Generator, device: str = "cpu", anchor: dict[str, torch.Tensor] | None = None,
+                on_batch=None) -> int:
+    """Train in place; return the number of optimiser steps. `on_batch(images, labels, n_primary)` sees
+    every batch (used by tests and the benchmark)."""
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    replayer = Cycler(replay, generator) if replay is not None and len(replay) else None
+    primary_draws = Cycler(primary, generator)
+    anchor = {k: v.to(device) for k, v in anchor.items()} if anchor is not None and settings.mu > 0 else None
+    steps_per_epoch = math.ceil(len(primary) / settings.batch)
+    steps = 0
+    for _ in range(settings.epochs):
+        primary_draws.order = torch.randperm(len(primary), generator=generator)
+        for step in range(steps_per_epoch):
+            index = primary_draws.order[step * settings.batch:(step + 1) * settings.batch]
+            images, labels = primary.images[index], primary.labels[index]
+            n_primary = len(index)
+            if replayer is not None:
+                r = replayer.take(n_primary)  # half and half, also in a short last batch
+                images = torch.cat([images, replay.images[r]])
+                labels = torch.cat([labels, replay.labels[r]])
+            x = to_float(images)
+            if settings.augment:
+                x = augment_batch(x, settings.augment, generator)
+            if on_batch is not None:
+                on_batch(x, labels, n_primary)
+            x, labels = x.to(device), labels.to(device)
+            loss = replay_loss(model(x), labels, n_primary, settings.lam)
+            if anchor is not None:
+                loss = loss + proximal_term(model, anchor, settings.mu)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            steps += 1
+    return steps

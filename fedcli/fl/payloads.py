@@ -1,0 +1,113 @@
+"""What travels between nodes, as bytes: models and buffers in safetensors, never pickle.
+
+A receiver rebuilds a model from bytes and checks it against its own architecture (same tensor
+names, shapes and dtypes, finite values); a buffer is checked for uint8 images of the expected
+shape and labels in range. Buffers travel losslessly compressed, one PNG per image by default.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import torch
+
+from fedcli.artifacts import METADATA_KEY, tensor_bytes
+from fedcli.errors import UserError
+
+CODECS = ("png", "raw")
+
+
+class PayloadError(UserError):
+    """A payload that failed validation on receipt."""
+
+
+def load_payload(data: bytes, what: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """Tensors and fedcli metadata of a safetensors payload; anything unreadable is a PayloadError."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        tensors = load(data)
+    except (SafetensorError, ValueError, OSError) as exc:
+        raise PayloadError(f"received {what} is not a valid safetensors payload ({exc})") from exc
+    header_size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_size])
+    metadata = json.loads((header.get("__metadata__") or {}).get(METADATA_KEY, "{}"))
+    return tensors, metadata
+
+
+def encode_model(state: dict[str, torch.Tensor]) -> bytes:
+    return tensor_bytes({k: v.detach().cpu() for k, v in state.items()})
+
+
+def decode_model(data: bytes, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict from bytes, valid for the receiver's own model (whose state is `template`)."""
+    state, _ = load_payload(data, "model")
+    if set(state) != set(template):
+        missing = sorted(set(template) - set(state)) or sorted(set(state) - set(template))
+        raise PayloadError(f"received model does not match this architecture (tensor {missing[0]!r} differs)")
+    for name, tensor in state.items():
+        expected = template[name]
+        if tensor.shape != expected.shape or tensor.dtype != expected.dtype:
+            raise PayloadError(f"received model tensor {name!r} is {tuple(tensor.shape)} {tensor.dtype}, expected "
+                               f"{tuple(expected.shape)} {expected.dtype}")
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise PayloadError(f"received model tensor {name!r} holds non-finite values")
+    return state
+
+
+def encode_buffer(images: torch.Tensor, labels: torch.Tensor, codec: str = "png") -> bytes:
+    """uint8 images (N, C, H, W) and labels; `png` compresses each image losslessly."""
+    if codec == "raw":
+        return tensor_bytes({"images": images, "labels": labels}, {"codec": "raw"})
+    from PIL import Image
+
+    blobs = []
+    for image in images.numpy():
+        handle = io.BytesIO()
+        Image.fromarray(image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)).save(handle, "PNG")
+        blobs.append(np.frombuffer(handle.getvalue(), dtype=np.uint8))
+    offsets = np.cumsum([0] + [len(b) for b in blobs])
+    return tensor_bytes({"png": torch.from_numpy(np.concatenate(blobs) if blobs else np.zeros(0, np.uint8)),
+                         "offsets": torch.from_numpy(offsets.astype(np.int64)), "labels": labels},
+                        {"codec": "png", "shape": list(images.shape)})
+
+
+def decode_buffer(data: bytes, shape: tuple[int, int, int], num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images (N, C, H, W) uint8 and labels, checked against the expected image shape and classes."""
+    tensors, metadata = load_payload(data, "buffer")
+    labels = tensors.get("labels")
+    if labels is None or labels.dtype != torch.int64 or labels.ndim != 1:
+        raise PayloadError("received buffer has no int64 label vector")
+    if metadata.get("codec") == "png":
+        images = decode_png(tensors, metadata, len(labels))
+    else:
+        images = tensors.get("images")
+    if images is None or images.dtype != torch.uint8 or tuple(images.shape[1:]) != tuple(shape) \
+            or len(images) != len(labels):
+        got = None if images is None else (tuple(images.shape), images.dtype)
+        raise PayloadError(f"received buffer images are {got}, expected uint8 (N, {', '.join(map(str, shape))})")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise PayloadError(f"received buffer has labels outside 0..{num_classes - 1}")
+    return images, labels
+
+
+def decode_png(tensors: dict, metadata: dict, n: int) -> torch.Tensor:
+    from PIL import Image, UnidentifiedImageError
+
+    blob, offsets = tensors.get("png"), tensors.get("offsets")
+    if blob is None or offsets is None or len(offsets) != n + 1:
+        raise PayloadError("received PNG buffer is missing its image data or offsets")
+    raw = blob.numpy().tobytes()
+    images = []
+    try:
+        for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+            array = np.asarray(Image.open(io.BytesIO(raw[start:end])))
+            images.append(array[None] if array.ndim == 2 else array.transpose(2, 0, 1))
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise PayloadError(f"received buffer holds an undecodable PNG image ({exc})") from exc
+    if not images:
+        return torch.zeros((0, *metadata.get("shape", [0, 0, 0, 0])[1:]), dtype=torch.uint8)
+    return torch.from_numpy(np.stack(images).astype(np.uint8, copy=False))

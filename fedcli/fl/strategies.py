@@ -1,0 +1,233 @@
+"""Federated strategies: what each node sends, how it merges what it receives, how it trains.
+
+Every strategy has rounds 0..R: round 0 is the state before the first exchange, each later round
+one exchange plus E local epochs. Every model or buffer that moves goes through the transport as
+safetensors bytes and is rebuilt and validated by the receiver, so no tensor storage is shared.
+
+- Model passing: `feder` (random ring, models and buffers travel, local training on private
+  data replaying the received buffer), `feder-a` (only buffers travel), `feder-b` (models travel,
+  training on synthetic data only: own buffer plus received buffer), `cyclic` (fixed ring, no
+  buffers). Before round 1 every node trains its own model for `init_epochs`.
+- Server averaging: `fedavg`, `fedprox` (proximal term mu), `fedbn` (BatchNorm stays local).
+  Round 0 is the common initial model; aggregation is weighted by train size, summed in float64
+  in a fixed node order.
+- Pooled: `standalone` (each node alone), `central` (real train data pooled), `central-synthetic`
+  (buffers pooled), `central-mixed` (both). Equal budget: init_epochs + R x E epochs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from fedcli.fl import topology
+from fedcli.fl.local import LocalSettings, TensorSource, train_local
+from fedcli.fl.payloads import decode_model, encode_model
+from fedcli.fl.transport import SERVER
+from fedcli.models.classifier import batchnorm_keys
+
+if TYPE_CHECKING:
+    from fedcli.fl.engine import Federation
+
+STRATEGIES = ("feder", "feder-a", "feder-b", "cyclic", "fedavg", "fedprox", "fedbn", "standalone", "central",
+              "central-synthetic", "central-mixed")
+NEEDS_BUFFERS = {"feder", "feder-a", "feder-b", "central-synthetic", "central-mixed"}
+
+
+class Strategy:
+    name: str
+
+    def setup(self, fed: "Federation", train: bool = True) -> None:
+        """Initial models (round 0); `train=False` only builds them, for a resumed run."""
+        raise NotImplementedError
+
+    def run_round(self, fed: "Federation", round_: int) -> None:
+        raise NotImplementedError
+
+    def models(self) -> dict[str, nn.Module]:
+        """The models to evaluate, by `model_node` (a node name, `global` or `central`)."""
+        raise NotImplementedError
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {key: model.state_dict() for key, model in self.models().items()}
+
+    def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
+        self.setup(fed, train=False)
+        for key, model in self.models().items():
+            model.load_state_dict(states[key])
+
+
+def rebuild(fed: "Federation", key: str, state: dict[str, torch.Tensor]) -> nn.Module:
+    model = fed.new_model(key)
+    model.load_state_dict(state)
+    return model
+
+
+class ModelPassing(Strategy):
+    def __init__(self, name: str, models_travel: bool, replay: bool, synthetic_only: bool, ring: str):
+        self.name, self.models_travel, self.replay = name, models_travel, replay
+        self.synthetic_only, self.ring = synthetic_only, ring
+        self.node_models: dict[str, nn.Module] = {}
+
+    def primary(self, fed: "Federation", node: str) -> TensorSource:
+        return fed.buffers[node] if self.synthetic_only else fed.train[node]
+
+    def setup(self, fed: "Federation", train: bool = True) -> None:
+        for node in fed.nodes:
+            model = fed.new_model(node)
+            if train:
+                fed.train_local(model, node, 0, self.primary(fed, node), None, epochs=fed.init_epochs)
+            self.node_models[node] = model
+
+    def run_round(self, fed: "Federation", round_: int) -> None:
+        successor = (topology.random_ring(fed.nodes, fed.seed, round_) if self.ring == "random"
+                     else topology.fixed_ring(fed.nodes))
+        for sender, receiver in successor.items():
+            if self.models_travel:
+                fed.transport.send(round_, sender, receiver, "model", encode_model(self.node_models[sender].state_dict()))
+            if self.replay:
+                fed.transport.send(round_, sender, receiver, "buffer", fed.buffer_payload(sender))
+        updated = {}
+        for node in fed.nodes:
+            if self.models_travel:
+                template = self.node_models[node].state_dict()
+                model = rebuild(fed, node, decode_model(fed.transport.receive(node, "model"), template))
+            else:
+                model = self.node_models[node]
+            replay = fed.receive_buffer(node) if self.replay else None
+            fed.train_local(model, node, round_, self.primary(fed, node), replay, epochs=fed.epochs)
+            updated[node] = model
+        self.node_models = updated
+
+    def models(self) -> dict[str, nn.Module]:
+        return dict(self.node_models)
+
+
+class ServerAveraging(Strategy):
+    def __init__(self, name: str, mu: float = 0.0, local_bn: bool = False):
+        self.name, self.mu, self.local_bn = name, mu, local_bn
+        self.global_model: nn.Module | None = None
+        self.bn_keys: set[str] = set()
+        self.local_state: dict[str, dict[str, torch.Tensor]] = {}  # FedBN: each node's BN tensors
+
+    def setup(self, fed: "Federation", train: bool = True) -> None:
+        self.global_model = fed.new_model("global")
+        self.bn_keys = batchnorm_keys(self.global_model) if self.local_bn else set()
+        bn_state = {k: v.clone() for k, v in self.global_model.state_dict().items() if k in self.bn_keys}
+        self.local_state = {node: copy.deepcopy(bn_state) for node in fed.nodes} if self.local_bn else {}
+
+    def shared(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in state.items() if k not in self.bn_keys}
+
+    def node_model(self, fed: "Federation", node: str, shared_state: dict[str, torch.Tensor]) -> nn.Module:
+        model = fed.new_model(node)
+        model.load_state_dict({**shared_state, **self.local_state.get(node, {})})
+        return model
+
+    def run_round(self, fed: "Federation", round_: int) -> None:
+        global_shared = self.shared(self.global_model.state_dict())
+        payload = encode_model(global_shared)
+        for node in fed.nodes:
+            fed.transport.send(round_, SERVER, node, "global-model", payload)
+        anchor = {k: v.detach().clone() for k, v in self.global_model.named_parameters()}
+        for node in fed.nodes:
+            received = decode_model(fed.transport.receive(node, "global-model"), global_shared)
+            model = self.node_model(fed, node, received)
+            fed.train_local(model, node, round_, fed.train[node], None, epochs=fed.epochs, anchor=anchor, mu=self.mu)
+            state = model.state_dict()
+            if self.local_bn:
+                self.local_state[node] = {k: v.detach().clone() for k, v in state.items() if k in self.bn_keys}
+            fed.transport.send(round_, node, SERVER, "model", encode_model(self.shared(state)))
+        states = [decode_model(fed.transport.receive(SERVER, "model"), global_shared) for _ in fed.nodes]
+        averaged = weighted_average(states, [len(fed.train[n]) for n in fed.nodes])
+        self.global_model.load_state_dict({**self.global_model.state_dict(), **averaged})
+
+    def models(self) -> dict[str, nn.Module]:
+        if not self.local_bn:
+            return {"global": self.global_model}
+        shared = self.shared(self.global_model.state_dict())
+        return {node: self._personal(node, shared) for node in self.local_state}
+
+    def _personal(self, node: str, shared: dict[str, torch.Tensor]) -> nn.Module:
+        model = copy.deepcopy(self.global_model)
+        model.load_state_dict({**shared, **self.local_state[node]})
+        return model
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        states = {"global": self.global_model.state_dict()}
+        states.update({f"bn:{node}": bn for node, bn in self.local_state.items()})
+        return states
+
+    def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
+        self.setup(fed, train=False)
+        self.global_model.load_state_dict(states["global"])
+        for node in self.local_state:
+            self.local_state[node] = states[f"bn:{node}"]
+
+
+def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[int]) -> dict[str, torch.Tensor]:
+    """Weighted mean of each tensor, summed in float64 in the given (fixed) order; integer tensors
+    (BatchNorm's batch counters) are rounded back."""
+    total = float(sum(weights))
+    out = {}
+    for name, reference in states[0].items():
+        acc = torch.zeros(reference.shape, dtype=torch.float64)
+        for state, weight in zip(states, weights):
+            acc += state[name].double() * (weight / total)
+        out[name] = acc.round().to(reference.dtype) if not reference.is_floating_point() else acc.to(reference.dtype)
+    return out
+
+
+@dataclasses.dataclass
+class Pooled(Strategy):
+    name: str
+    real: bool
+    synthetic: bool
+    per_node: bool
+
+    def __post_init__(self):
+        self.trained: dict[str, nn.Module] = {}
+
+    def sources(self, fed: "Federation") -> dict[str, TensorSource]:
+        if self.per_node:
+            return {node: fed.train[node] for node in fed.nodes}
+        parts = ([fed.train[n] for n in fed.nodes] if self.real else []) + \
+                ([fed.buffers[n] for n in fed.nodes] if self.synthetic else [])
+        return {"central": TensorSource.concat(parts)}
+
+    def setup(self, fed: "Federation", train: bool = True) -> None:
+        self.data = self.sources(fed)
+        for key, source in self.data.items():
+            model = fed.new_model(key)
+            if train:
+                fed.train_local(model, key, 0, source, None, epochs=fed.init_epochs)
+            self.trained[key] = model
+
+    def run_round(self, fed: "Federation", round_: int) -> None:
+        for key, model in self.trained.items():
+            fed.train_local(model, key, round_, self.data[key], None, epochs=fed.epochs)
+
+    def models(self) -> dict[str, nn.Module]:
+        return dict(self.trained)
+
+
+def make_strategy(name: str, mu: float, buffer_size: int) -> Strategy:
+    replay = buffer_size > 0
+    return {
+        "feder": lambda: ModelPassing(name, models_travel=True, replay=replay, synthetic_only=False, ring="random"),
+        "feder-a": lambda: ModelPassing(name, models_travel=False, replay=replay, synthetic_only=False,
+                                        ring="random"),
+        "feder-b": lambda: ModelPassing(name, models_travel=True, replay=replay, synthetic_only=True, ring="random"),
+        "cyclic": lambda: ModelPassing(name, models_travel=True, replay=False, synthetic_only=False, ring="fixed"),
+        "fedavg": lambda: ServerAveraging(name),
+        "fedprox": lambda: ServerAveraging(name, mu=mu),
+        "fedbn": lambda: ServerAveraging(name, local_bn=True),
+        "standalone": lambda: Pooled(name, real=True, synthetic=False, per_node=True),
+        "central": lambda: Pooled(name, real=True, synthetic=False, per_node=False),
+        "central-synthetic": lambda: Pooled(name, real=False, synthetic=True, per_node=False),
+        "central-mixed": lambda: Pooled(name, real=True, synthetic=True, per_node=False),
+    }[name]()

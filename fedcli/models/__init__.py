@@ -1,0 +1,1 @@
+"""Classifiers the federated strategies train."""

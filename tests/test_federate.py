@@ -1,0 +1,238 @@
+"""`fedcli federate`: strategies' guarantees, measured communication, resume, determinism, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import copy_exp, tiny_gan_exp
+from fedcli.artifacts import load_tensors
+from fedcli.config import FederateConfig
+from fedcli.data.manifest import Manifest
+from fedcli.fl import stage
+from fedcli.fl.engine import Federation
+from fedcli.fl.payloads import encode_buffer, encode_model
+from fedcli.fl.strategies import make_strategy
+from fedcli.models.classifier import batchnorm_keys
+
+FAST = ["--rounds", "2", "--epochs", "1", "--bootstrap", "20"]
+
+
+@pytest.fixture(scope="module")
+def fl_exp(tmp_path_factory):
+    return tiny_gan_exp(tmp_path_factory, nodes=3)
+
+
+def metrics(exp, strategy):
+    return pd.read_csv(exp / "federate" / strategy / "metrics.csv")
+
+
+def test_fedprox_with_mu_zero_equals_fedavg_weight_for_weight(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "fedavg", "--strategy", "fedprox", "--mu", "0", *FAST)
+    avg = load_tensors(exp / "federate" / "fedavg" / "models" / "global.safetensors", "m")
+    prox = load_tensors(exp / "federate" / "fedprox" / "models" / "global.safetensors", "m")
+    assert all(torch.equal(avg[k], prox[k]) for k in avg)
+    cli.ok("federate", "--exp", exp, "--strategy", "fedprox", "--mu", "0.5", "--overwrite", *FAST)
+    other = load_tensors(exp / "federate" / "fedprox" / "models" / "global.safetensors", "m")
+    assert not all(torch.equal(avg[k], other[k]) for k in avg)
+
+
+def federation(exp, model="cnn"):
+    manifest = Manifest.load(exp)
+    return Federation(manifest, lambda node: stage.load_buffer(exp, manifest, node, None, "test"), seed=0,
+                      model=model, epochs=1, init_epochs=1, lr=1e-3, batch=32, lam=0.5, bootstrap=20)
+
+
+def test_fedbn_keeps_every_batchnorm_tensor_local_and_differs_from_fedavg(fl_exp):
+    fed = federation(fl_exp, model="resnet18")
+    fedbn = make_strategy("fedbn", 0.0, 0)
+    fedbn.setup(fed)
+    after_local = {}
+    original = fed.train_local
+
+    def spy(model, key, round_, *args, **kwargs):
+        steps = original(model, key, round_, *args, **kwargs)
+        after_local[key] = {k: v.clone() for k, v in model.state_dict().items()}
+        return steps
+
+    fed.train_local = spy
+    fedbn.run_round(fed, 1)
+    bn = batchnorm_keys(fedbn.global_model)
+    assert any("downsample" in k for k in bn)
+    personal = {node: model.state_dict() for node, model in fedbn.models().items()}
+    for node in fed.nodes:
+        for key in bn:  # BN weights, biases and running statistics: exactly as local training left them
+            assert torch.equal(personal[node][key], after_local[node][key]), (node, key)
+    shared = [k for k in personal["node0"] if k not in bn]
+    assert all(torch.equal(personal["node0"][k], personal["node1"][k]) for k in shared)
+    assert not torch.equal(personal["node0"]["bn1.weight"], personal["node1"]["bn1.weight"])
+    sent = {t.kind for t in fed.transport.transfers}
+    assert sent == {"global-model", "model"}
+    fed.train_local = original
+    fedavg = make_strategy("fedavg", 0.0, 0)
+    fedavg.setup(fed)
+    fedavg.run_round(fed, 1)
+    averaged = fedavg.global_model.state_dict()
+    assert not all(torch.equal(personal["node0"][k], averaged[k]) for k in bn)
+
+
+def test_feder_a_never_sends_models_and_feder_sends_measured_bytes(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "feder-a", "--strategy", "feder", *FAST)
+    comm_a = pd.read_csv(exp / "federate" / "feder-a" / "comm.csv")
+    assert set(comm_a["kind"]) == {"buffer"} and len(comm_a) == 2 * 3
+    comm = pd.read_csv(exp / "federate" / "feder" / "comm.csv")
+    model_state = load_tensors(exp / "federate" / "feder" / "models" / "node0.safetensors", "m")
+    assert set(comm[comm.kind == "model"]["bytes"]) == {len(encode_model(model_state))}
+    manifest = Manifest.load(exp)
+    for node in manifest.node_names:
+        buffer = stage.load_buffer(exp, manifest, node, None, "feder")
+        sent = comm[(comm.kind == "buffer") & (comm.sender == node)]["bytes"]
+        assert set(sent) == {len(encode_buffer(buffer.images, buffer.labels, "png"))}
+    for round_, group in comm.groupby("round"):
+        assert sorted(group[group.kind == "model"]["sender"]) == sorted(manifest.node_names)
+        assert (group["sender"] != group["receiver"]).all()
+
+
+def test_feder_b_never_reads_real_training_images(fl_exp, monkeypatch):
+    fed = federation(fl_exp)
+    original = Federation._source
+
+    def guarded(self, node, split, folds):
+        assert split == "test", "FedER-B read real training data"
+        return original(self, node, split, folds)
+
+    monkeypatch.setattr(Federation, "_source", guarded)
+    strategy = make_strategy("feder-b", 0.0, 30)
+    strategy.setup(fed)
+    strategy.run_round(fed, 1)
+    assert not dict(fed.train)
+
+
+def test_a_received_model_shares_no_storage_with_the_sender(fl_exp):
+    fed = federation(fl_exp)
+    strategy = make_strategy("feder", 0.0, 30)
+    strategy.setup(fed)
+    before = {p.data_ptr() for m in strategy.models().values() for p in m.parameters()}
+    strategy.run_round(fed, 1)
+    after = {p.data_ptr() for m in strategy.models().values() for p in m.parameters()}
+    assert not before & after
+
+
+def test_buffer_size_zero_is_feder_without_replay_and_prefixes_are_used(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "feder", "--buffer-size", "0", *FAST)
+    assert set(pd.read_csv(exp / "federate" / "feder" / "comm.csv")["kind"]) == {"model"}
+    line = cli.user_error("federate", "--exp", exp, "--strategy", "feder", "--buffer-size", "31", "--overwrite",
+                          *FAST)
+    assert "exceeds node node0's buffer of 30" in line and "--sample-only" in line
+
+
+def test_same_seed_same_metrics_and_resume_continues_identically(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    args = ["--exp", exp, "--strategy", "feder", "--rounds", "3", "--epochs", "1", "--bootstrap", "20"]
+    cli.ok("federate", *args)
+    reference = (exp / "federate" / "feder" / "metrics.csv").read_bytes()
+    cli.ok("federate", *args, "--overwrite")
+    assert (exp / "federate" / "feder" / "metrics.csv").read_bytes() == reference
+
+    shutil.rmtree(exp / "federate")
+    cfg = FederateConfig(exp=exp, strategy=("feder",), rounds=3, epochs=1, bootstrap=20)
+
+    def crash(strategy, round_):
+        if round_ == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(cfg, after_round=crash)
+    assert not (exp / "federate" / "feder").exists()
+    assert json.loads((exp / "federate" / ".feder.checkpoint" / "progress.json").read_text())["round"] == 2
+    cli.ok("federate", *args, "--resume")
+    assert (exp / "federate" / "feder" / "metrics.csv").read_bytes() == reference
+    assert not (exp / "federate" / ".feder.checkpoint").exists()
+
+
+def test_metrics_are_long_format_with_confidence_intervals(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "fedavg", "--strategy", "standalone", *FAST)
+    m = metrics(exp, "fedavg")
+    assert set(m["round"]) == {0, 1, 2} and set(m["model_node"]) == {"global"}
+    assert {"accuracy_lo", "accuracy_hi", "balanced_accuracy", "f1_macro", "auroc"} <= set(m.columns)
+    assert ((m["accuracy_lo"] <= m["accuracy"]) & (m["accuracy"] <= m["accuracy_hi"])).all()
+    s = metrics(exp, "standalone")
+    assert set(s["model_node"]) == {"node0", "node1", "node2", "ensemble"}
+    assert len(s[s["round"] == 2]) == 4 * 3
+
+
+def test_cross_validation_uses_train_folds_only(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "standalone", "--fold", "1", *FAST)
+    m = pd.read_csv(exp / "federate" / "cv" / "standalone" / "fold1" / "metrics.csv")
+    manifest = Manifest.load(exp)
+    assert m[m["test_node"] == "node0"]["n_test"].iloc[0] == len(manifest.records("node0", "train", [1]))
+    config = json.loads((exp / "federate" / "cv" / "standalone" / "fold1" / "config.json").read_text())
+    assert "seen this validation fold" in config["note"]
+
+
+def listing(exp):
+    return sorted(p.relative_to(exp).as_posix() for p in exp.rglob("*"))
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--strategy", "fedsgd"], "unknown strategy 'fedsgd'"),
+    (["--model", "vit"], "--model"),
+    (["--mu", "-0.1"], "--mu"),
+    (["--lam", "1.5"], "[0, 1]"),
+    (["--rounds", "0"], "--rounds"),
+    (["--fold", "9"], "not a fold"),
+])
+def test_bad_options(cli, fl_exp, tmp_path, args, expected):
+    exp = copy_exp(fl_exp, tmp_path)
+    before = listing(exp)
+    assert expected in cli.user_error("federate", "--exp", exp, *FAST, *args)
+    assert listing(exp) == before
+
+
+def test_missing_manifest_missing_and_stale_buffers(cli, fl_exp, tmp_path):
+    assert "run fedcli partition" in cli.user_error("federate", "--exp", tmp_path / "none", *FAST)
+    exp = copy_exp(fl_exp, tmp_path)
+    shutil.rmtree(exp / "gan")
+    before = listing(exp)
+    assert "run fedcli train-gan" in cli.user_error("federate", "--exp", exp, "--strategy", "feder", *FAST)
+    cli.ok("federate", "--exp", exp, "--strategy", "fedavg", *FAST)  # needs no buffers
+    shutil.copytree(fl_exp / "gan", exp / "gan")
+    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--seed", "3", "--exp", exp, "--overwrite")
+    before = listing(exp)
+    assert "stale" in cli.user_error("federate", "--exp", exp, "--strategy", "central-mixed", *FAST)
+    assert listing(exp) == before
+
+
+def test_node_batch_sizes_set_each_node_steps(fl_exp):
+    manifest = Manifest.load(fl_exp)
+    fed = Federation(manifest, lambda node: None, seed=0, model="cnn", epochs=1, init_epochs=1, lr=1e-3, batch=32,
+                     lam=0.5, node_batch={"node0": 8})
+    n0, n1 = len(fed.train["node0"]), len(fed.train["node1"])
+    assert fed.train_local(fed.new_model("node0"), "node0", 1, fed.train["node0"], None, epochs=1) == -(-n0 // 8)
+    assert fed.train_local(fed.new_model("node1"), "node1", 1, fed.train["node1"], None, epochs=1) == -(-n1 // 32)
+
+
+def test_bad_node_batch(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    assert "not a node" in cli.user_error("federate", "--exp", exp, *FAST, "--strategy", "fedavg",
+                                          "--node-batch", "node7=8")
+    assert "NODE=B" in cli.user_error("federate", "--exp", exp, *FAST, "--node-batch", "node0=big")
+
+
+def test_cv_runs_every_fold_and_reports_mean_and_std(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    output = " ".join(cli.ok("federate", "--exp", exp, "--strategy", "standalone", "--cv", "--rounds", "1",
+                             "--bootstrap", "20").output.split())
+    assert "cross-validation" in output and "±" in output and "seen each validation fold" in output
+    folds = Manifest.load(exp)["folds"]
+    assert sorted(p.name for p in (exp / "federate" / "cv" / "standalone").iterdir()) == [f"fold{k}" for k in range(folds)]
+    assert not (exp / "federate" / "standalone").exists()
