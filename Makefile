@@ -17,6 +17,7 @@ demo: $(STAMP)
 	$(BIN)/fedcli partition --config recipes/quickstart.toml --exp results/demo --overwrite
 	$(BIN)/fedcli train-gan --config recipes/quickstart.toml --exp results/demo --overwrite
 	$(BIN)/fedcli federate --config recipes/quickstart.toml --exp results/demo --overwrite
+	$(BIN)/fedcli audit-privacy --config recipes/quickstart.toml --exp results/demo --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -25,6 +26,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/dataset_throughput.py
 	$(BIN)/python bench/gan_throughput.py
 	$(BIN)/python bench/federate_throughput.py
+	$(BIN)/python bench/projection_throughput.py
 
 clean:
 	rm -rf $(VENV) results/demo .pytest_cache

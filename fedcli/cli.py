@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperGroup
 
 from fedcli import __version__, console
-from fedcli.config import (BufferCodec, Device, FederateConfig, GanConfig, LpipsNet, ModelName, PartitionConfig,
+from fedcli.config import (AuditConfig, BufferCodec, Device, FederateConfig, GanConfig, LpipsNet, ModelName, PartitionConfig,
                            Scheme, Source, Task, resolve)
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
@@ -237,10 +237,50 @@ def federate(
     console.out.print(f"wrote {cfg.exp / 'federate'}")
 
 
-@app.command("audit-privacy", epilog="Example: fedcli audit-privacy --exp results/demo")
-def audit_privacy(exp: Path = typer.Option(..., "--exp", help=EXP_HELP)) -> None:
-    """Project real images into each generator's latent space and score what the buffers reveal."""
-    not_yet("audit-privacy", "the privacy audit stage")
+@app.command("audit-privacy", epilog="Example: fedcli audit-privacy --exp results/demo --node node0 --steps 200")
+def audit_privacy(
+    ctx: typer.Context,
+    exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
+    node: Optional[str] = typer.Option(None, help="Audit this node only [default: every node].",
+                                       show_default=False),
+    max_images: int = typer.Option(AuditConfig.max_images, help="Images per group (members, non-members), "
+                                   "size-matched and class-stratified."),
+    steps: int = typer.Option(AuditConfig.steps, help="Projection steps per image (the study: 1000)."),
+    batch_size: int = typer.Option(AuditConfig.batch_size, help="Images projected at once."),
+    lr: float = typer.Option(AuditConfig.lr, help="Peak Adam learning rate of the projector."),
+    optimize_noise: bool = typer.Option(AuditConfig.optimize_noise, help="Also optimise per-layer noise "
+                                        "(warns below 128 px)."),
+    max_auroc: float = typer.Option(AuditConfig.max_auroc, help="Verdict: fail above this membership AUROC "
+                                    "or buffer nearest-member share (0.5 = no leak)."),
+    min_distance: float = typer.Option(AuditConfig.min_distance, help="Verdict: fail if members' median LPIPS to "
+                                       "the buffer is below this (0 disables)."),
+    strict: bool = typer.Option(AuditConfig.strict, help="Exit with code 1 when the verdict is fail."),
+    seed: Optional[int] = typer.Option(None, help="Seed [default: the partition's].", show_default=False),
+    device: Device = typer.Option(AuditConfig.device, help="auto (CUDA when present), cpu or cuda."),
+    config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
+    overwrite: bool = typer.Option(AuditConfig.overwrite, help="Replace existing <exp>/audit/<node> folders."),
+) -> None:
+    """Project real images into each generator's latent space and score what the buffers reveal.
+
+    Empirical attack scores, not a formal privacy guarantee. Writes <exp>/audit/<node>/:
+    distances.csv, summary.json, histogram.png, pairs.png, nearest.png, roc.png, config.json.
+    """
+    from fedcli.audit.stage import run
+    from fedcli.report.tables import audit_table
+
+    params = dict(ctx.params)
+    cfg = resolve(AuditConfig, params, given_on_command_line(ctx), params.pop("config"), "audit")
+    summaries = run(cfg)
+    console.out.print(audit_table(summaries))
+    for s in summaries:
+        verdict = s["verdict"]
+        colour = "green" if verdict["result"] == "pass" else "red"
+        reasons = f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else ""
+        console.out.print(f"node {s['node']}: [{colour}]{verdict['result']}[/{colour}]{reasons}")
+    console.out.print("empirical attack scores, not a formal privacy guarantee")
+    console.out.print(f"wrote {cfg.exp / 'audit'}")
+    if cfg.strict and any(s["verdict"]["result"] == "fail" for s in summaries):
+        raise typer.Exit(1)
 
 
 @app.command(epilog="Example: fedcli report --exp results/demo")

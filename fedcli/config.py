@@ -258,3 +258,31 @@ class FederateConfig:
                 raise UserError(f"--node-batch {item!r} is not NODE=B with a positive integer B (e.g. montgomery=8)")
             sizes[node] = int(size)
         return sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditConfig:
+    """`fedcli audit-privacy`. Defaults are quick (100 projection steps); the study used 1000."""
+
+    exp: Path
+    node: str | None = None
+    max_images: int = 200  # per group (members, non-members)
+    steps: int = 100
+    batch_size: int = 32
+    lr: float = 0.1
+    optimize_noise: bool = False
+    max_auroc: float = 0.6
+    min_distance: float = 0.0
+    strict: bool = False
+    seed: int | None = None
+    device: Device = "auto"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "max_images"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not 0.5 <= self.max_auroc <= 1.0:
+            raise UserError(f"--max-auroc must lie in [0.5, 1], got {self.max_auroc}")
+        if self.min_distance < 0:
+            raise UserError(f"--min-distance must be >= 0, got {self.min_distance}")

@@ -16,3 +16,7 @@ def gan_dir(exp: Path, node: str) -> Path:
 def federate_dir(exp: Path, strategy: str, fold: int | None = None) -> Path:
     base = Path(exp) / "federate"
     return base / strategy if fold is None else base / "cv" / strategy / f"fold{fold}"
+
+
+def audit_dir(exp: Path, node: str) -> Path:
+    return Path(exp) / "audit" / node

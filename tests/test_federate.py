@@ -236,3 +236,20 @@ def test_cv_runs_every_fold_and_reports_mean_and_std(cli, fl_exp, tmp_path):
     folds = Manifest.load(exp)["folds"]
     assert sorted(p.name for p in (exp / "federate" / "cv" / "standalone").iterdir()) == [f"fold{k}" for k in range(folds)]
     assert not (exp / "federate" / "standalone").exists()
+
+
+def test_a_crash_between_checkpoint_files_leaves_the_previous_round_intact(tmp_path):
+    from fedcli.artifacts import save_tensors
+    from fedcli.fl.engine import Checkpoint
+
+    checkpoint = Checkpoint(tmp_path)
+    checkpoint.save(1, {"m": {"w": torch.ones(2)}}, [{"round": 1}], [], {"k": 1})
+    save_tensors(tmp_path / "models-round2.safetensors", {"m/w": torch.full((2,), 2.0)})  # then the crash
+    round_, states, rows, _ = checkpoint.load({"k": 1})
+    assert round_ == 1 and torch.equal(states["m"]["w"], torch.ones(2)) and rows == [{"round": 1}]
+
+
+def test_resume_without_a_checkpoint_does_not_overwrite_finished_output(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "fedavg", *FAST)
+    assert "--overwrite" in cli.user_error("federate", "--exp", exp, "--strategy", "fedavg", "--resume", *FAST)

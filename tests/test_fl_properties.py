@@ -110,8 +110,10 @@ def test_corrupt_wrong_shape_and_non_finite_payloads_are_rejected():
     for codec in ("png", "raw"):
         got_images, got_labels = decode_buffer(encode_buffer(images, labels, codec), (1, 8, 8), 3)
         assert torch.equal(got_images, images) and torch.equal(got_labels, labels)
-    with pytest.raises(PayloadError, match="expected uint8"):
+    with pytest.raises(PayloadError, match="expected 8-bit L 16x16"):
         decode_buffer(encode_buffer(images, labels), (1, 16, 16), 3)
+    with pytest.raises(PayloadError, match="expected uint8"):
+        decode_buffer(encode_buffer(images, labels, "raw"), (1, 16, 16), 3)
     with pytest.raises(PayloadError, match="outside"):
         decode_buffer(encode_buffer(images, labels), (1, 8, 8), 2)
 
@@ -134,3 +136,48 @@ def test_grayscale_torchvision_models_take_one_channel():
     assert model(torch.randn(2, 1, 32, 32)).shape == (2, 3)
     a, b = build_classifier("cnn", 1, 3, init_seed=5), build_classifier("cnn", 1, 3, init_seed=5)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_metrics_match_scikit_learn_including_absent_and_predicted_only_classes():
+    import numpy as np
+    from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score
+
+    from fedcli.fl.evaluate import metric_values
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        y = rng.integers(0, 3, 30)  # class 3 never occurs but may be predicted
+        probs = rng.dirichlet(np.ones(4), 30)
+        pred = probs.argmax(1)
+        got = {k: v[0] for k, v in metric_values(y, probs, np.ones((1, 30))).items()}
+        assert got["accuracy"] == pytest.approx(accuracy_score(y, pred))
+        assert got["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(y, pred))
+        assert got["f1_macro"] == pytest.approx(f1_score(y, pred, average="macro"))
+
+
+def test_a_last_batch_of_one_joins_the_previous_batch():
+    from fedcli.fl.local import batch_bounds
+
+    assert batch_bounds(33, 8)[-1] == (24, 33) and len(batch_bounds(33, 8)) == 4
+    assert batch_bounds(34, 8)[-1] == (32, 34)
+    for n in range(1, 40):
+        bounds = batch_bounds(n, 8)
+        assert bounds[0][0] == 0 and bounds[-1][1] == n and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert n == 1 or all(end - start >= 2 for start, end in bounds)
+
+
+def test_buffer_pngs_of_another_mode_or_size_are_rejected():
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from fedcli.artifacts import tensor_bytes
+
+    handle = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), dtype=np.uint16) + 300).save(handle, "PNG")  # 16-bit gray
+    blob = np.frombuffer(handle.getvalue(), dtype=np.uint8)
+    payload = tensor_bytes({"png": torch.from_numpy(blob.copy()), "offsets": torch.tensor([0, len(blob)]),
+                            "labels": torch.tensor([0])}, {"codec": "png", "shape": [1, 1, 8, 8]})
+    with pytest.raises(PayloadError, match="expected 8-bit L"):
+        decode_buffer(payload, (1, 8, 8), 2)

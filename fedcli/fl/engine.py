@@ -129,10 +129,16 @@ class Checkpoint:
 
     def save(self, round_: int, states: dict[str, dict[str, torch.Tensor]], rows: list[dict],
              transfers: list[Transfer], config: dict) -> None:
+        """Models go to a file of their own round first; progress.json, which names that file, is
+        replaced last, so a crash in between leaves the previous round's pair intact."""
         flat = {f"{key}/{name}": tensor.detach().cpu() for key, state in states.items() for name, tensor in state.items()}
-        save_tensors(self.folder / "models.safetensors", flat)
-        write_json(self.folder / "progress.json", {"round": round_, "config": config, "rows": rows,
+        models = f"models-round{round_}.safetensors"
+        save_tensors(self.folder / models, flat)
+        write_json(self.folder / "progress.json", {"round": round_, "models": models, "config": config, "rows": rows,
                                                    "transfers": [t.__dict__ for t in transfers]})
+        for old in self.folder.glob("models-round*.safetensors"):
+            if old.name != models:
+                old.unlink()
 
     def load(self, config: dict) -> tuple[int, dict[str, dict[str, torch.Tensor]], list[dict], list[Transfer]]:
         progress = json.loads((self.folder / "progress.json").read_text())
@@ -140,7 +146,7 @@ class Checkpoint:
             raise UserError(f"the checkpoint in {self.folder} was made with other options; rerun without --resume "
                             "(with --overwrite) or with the same options")
         states: dict[str, dict[str, torch.Tensor]] = {}
-        for name, tensor in load_tensors(self.folder / "models.safetensors", "checkpoint").items():
+        for name, tensor in load_tensors(self.folder / progress["models"], "checkpoint").items():
             key, _, tensor_name = name.partition("/")
             states.setdefault(key, {})[tensor_name] = tensor
         return progress["round"], states, progress["rows"], [Transfer(**t) for t in progress["transfers"]]

@@ -38,10 +38,12 @@ def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> dict
     true_per_class, pred_per_class = confusion.sum(axis=2), confusion.sum(axis=1)
     hits = np.diagonal(confusion, axis1=1, axis2=2)
     present = true_per_class > 0
+    seen = present | (pred_per_class > 0)  # macro F1 counts predicted-only classes (F1 = 0), as scikit-learn
     with np.errstate(invalid="ignore", divide="ignore"):
         recall = np.where(present, hits / true_per_class, np.nan)
         precision = np.where(pred_per_class > 0, hits / pred_per_class, 0.0)
-        f1 = np.where(present, np.nan_to_num(2 * precision * recall / (precision + recall)), np.nan)
+        f1 = np.where(seen, np.nan_to_num(2 * precision * np.nan_to_num(recall) / (precision + np.nan_to_num(recall))),
+                      np.nan)
     out = {
         "accuracy": hits.sum(axis=1) / weights.sum(axis=1),
         "balanced_accuracy": np.nanmean(recall, axis=1),
@@ -65,7 +67,7 @@ def auroc(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
         wins = (s_pos[:, None] > s_neg[None, :]) + 0.5 * (s_pos[:, None] == s_neg[None, :])
         w_pos, w_neg = weights[:, pos], weights[:, neg]
         with np.errstate(invalid="ignore", divide="ignore"):
-            per_class.append(np.einsum("bi,ij,bj->b", w_pos, wins, w_neg) / (w_pos.sum(1) * w_neg.sum(1)))
+            per_class.append(((w_pos @ wins) * w_neg).sum(axis=1) / (w_pos.sum(1) * w_neg.sum(1)))
     if not per_class:
         return np.full(weights.shape[0], np.nan)
     return np.nanmean(np.stack(per_class), axis=0)

@@ -9,7 +9,6 @@ FedProx adds (mu / 2) * ||w - w_global||^2. A fresh Adam each call: optimiser mo
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +56,15 @@ class LocalSettings:
     augment: tuple[str, ...] = ()
 
 
+def batch_bounds(n: int, batch: int) -> list[tuple[int, int]]:
+    """(start, end) of each mini-batch of an epoch: ceil(n / batch) of them, except that a last batch of
+    a single image joins the one before (BatchNorm cannot normalise one image in training mode)."""
+    bounds = [(start, min(start + batch, n)) for start in range(0, n, batch)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
+
+
 def replay_loss(logits: torch.Tensor, labels: torch.Tensor, n_primary: int, lam: float) -> torch.Tensor:
     """lambda * CE(primary part) + (1 - lambda) * CE(replay part) of one concatenated batch."""
     primary = F.cross_entropy(logits[:n_primary], labels[:n_primary])
@@ -79,12 +87,12 @@ def train_local(model: nn.Module, primary: TensorSource, replay: TensorSource | 
     replayer = Cycler(replay, generator) if replay is not None and len(replay) else None
     primary_draws = Cycler(primary, generator)
     anchor = {k: v.to(device) for k, v in anchor.items()} if anchor is not None and settings.mu > 0 else None
-    steps_per_epoch = math.ceil(len(primary) / settings.batch)
+    bounds = batch_bounds(len(primary), settings.batch)
     steps = 0
     for _ in range(settings.epochs):
         primary_draws.order = torch.randperm(len(primary), generator=generator)
-        for step in range(steps_per_epoch):
-            index = primary_draws.order[step * settings.batch:(step + 1) * settings.batch]
+        for start, end in bounds:
+            index = primary_draws.order[start:end]
             images, labels = primary.images[index], primary.labels[index]
             n_primary = len(index)
             if replayer is not None:

@@ -32,9 +32,11 @@ def load_payload(data: bytes, what: str) -> tuple[dict[str, torch.Tensor], dict]
         tensors = load(data)
     except (SafetensorError, ValueError, OSError) as exc:
         raise PayloadError(f"received {what} is not a valid safetensors payload ({exc})") from exc
-    header_size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + header_size])
-    metadata = json.loads((header.get("__metadata__") or {}).get(METADATA_KEY, "{}"))
+    try:
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        metadata = json.loads((header.get("__metadata__") or {}).get(METADATA_KEY, "{}"))
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise PayloadError(f"received {what} has unreadable metadata ({exc})") from exc
     return tensors, metadata
 
 
@@ -82,7 +84,7 @@ def decode_buffer(data: bytes, shape: tuple[int, int, int], num_classes: int) ->
     if labels is None or labels.dtype != torch.int64 or labels.ndim != 1:
         raise PayloadError("received buffer has no int64 label vector")
     if metadata.get("codec") == "png":
-        images = decode_png(tensors, metadata, len(labels))
+        images = decode_png(tensors, len(labels), shape)
     else:
         images = tensors.get("images")
     if images is None or images.dtype != torch.uint8 or tuple(images.shape[1:]) != tuple(shape) \
@@ -94,20 +96,27 @@ def decode_buffer(data: bytes, shape: tuple[int, int, int], num_classes: int) ->
     return images, labels
 
 
-def decode_png(tensors: dict, metadata: dict, n: int) -> torch.Tensor:
+def decode_png(tensors: dict, n: int, shape: tuple[int, int, int]) -> torch.Tensor:
+    """PNG images, each required to be 8-bit L or RGB of the expected size before it is decoded."""
     from PIL import Image, UnidentifiedImageError
 
     blob, offsets = tensors.get("png"), tensors.get("offsets")
     if blob is None or offsets is None or len(offsets) != n + 1:
         raise PayloadError("received PNG buffer is missing its image data or offsets")
+    channels, height, width = shape
+    mode = "L" if channels == 1 else "RGB"
     raw = blob.numpy().tobytes()
     images = []
     try:
         for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-            array = np.asarray(Image.open(io.BytesIO(raw[start:end])))
+            with Image.open(io.BytesIO(raw[start:end])) as image:
+                if image.mode != mode or image.size != (width, height):
+                    raise PayloadError(f"received buffer image is {image.mode} {image.size[0]}x{image.size[1]}, "
+                                       f"expected 8-bit {mode} {width}x{height}")
+                array = np.asarray(image)
             images.append(array[None] if array.ndim == 2 else array.transpose(2, 0, 1))
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise PayloadError(f"received buffer holds an undecodable PNG image ({exc})") from exc
     if not images:
-        return torch.zeros((0, *metadata.get("shape", [0, 0, 0, 0])[1:]), dtype=torch.uint8)
-    return torch.from_numpy(np.stack(images).astype(np.uint8, copy=False))
+        return torch.zeros((0, channels, height, width), dtype=torch.uint8)
+    return torch.from_numpy(np.stack(images))

@@ -69,13 +69,14 @@ def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
     uses_buffers = [s for s in cfg.strategy if s in NEEDS_BUFFERS and cfg.buffer_size != 0]
     buffers = {node: load_buffer(cfg.exp, manifest, node, cfg.buffer_size, uses_buffers[0])
                for node in manifest.node_names} if uses_buffers else {}
-    for name in ("feder-b", "central-synthetic"):
+    for name in ("feder-b", "central-synthetic", "central-mixed"):
         if name in cfg.strategy and cfg.buffer_size == 0:
-            raise UserError(f"{name} trains on synthetic data only, so it needs --buffer-size > 0")
+            raise UserError(f"{name} trains on synthetic data, so it needs --buffer-size > 0")
     runs = [(name, fold) for name in cfg.strategy for fold in folds]
     for name, fold in runs:
-        if not cfg.resume:
-            check_output_free(federate_dir(cfg.exp, name, fold), cfg.overwrite)
+        out = federate_dir(cfg.exp, name, fold)
+        if not (cfg.resume and checkpoint_dir(out).is_dir()):
+            check_output_free(out, cfg.overwrite)
     buffer_hashes = {node: sha256_file(gan_dir(cfg.exp, node) / BUFFER) for node in buffers}
     results = []
     for name, fold in runs:
@@ -95,10 +96,13 @@ def run_one(cfg: FederateConfig, manifest: Manifest, seed: int, device: str, nam
                                                                        if buffers else 0)
     strategy = make_strategy(name, cfg.mu, buffer_size)
     resolved = {k: v for k, v in config_json(cfg).items() if k not in ("strategy", "resume", "overwrite")}
+    inputs = {"manifest": manifest.content_hash}
+    inputs |= {f"buffer:{n}": h for n, h in buffer_hashes.items() if name in NEEDS_BUFFERS}
     resolved |= {"strategy": name, "fold": fold, "seed": seed, "init_epochs": init_epochs,
-                 "buffer_size": buffer_size if name in NEEDS_BUFFERS else None}
-    work = out.parent / f".{out.name}.checkpoint"
-    if not cfg.resume and work.exists():
+                 "buffer_size": buffer_size if name in NEEDS_BUFFERS else None, "inputs": inputs}
+    work = checkpoint_dir(out)
+    resuming = cfg.resume and work.is_dir()
+    if not resuming and work.exists():
         shutil.rmtree(work)
     with RoundProgress(name if fold is None else f"{name} fold {fold}", cfg.rounds) as progress:
         def on_round(round_: int) -> None:
@@ -106,10 +110,8 @@ def run_one(cfg: FederateConfig, manifest: Manifest, seed: int, device: str, nam
             if after_round is not None:
                 after_round(name, round_)
         rows, transfers = run_rounds(fed, strategy, cfg.rounds, cfg.eval_every, Checkpoint(work), resolved,
-                                     cfg.resume, on_round)
-    inputs = {"manifest": manifest.content_hash}
-    inputs |= {f"buffer:{n}": h for n, h in buffer_hashes.items() if name in NEEDS_BUFFERS}
-    with staged_output(out, overwrite=True if cfg.resume else cfg.overwrite) as stage:
+                                     resuming, on_round)
+    with staged_output(out, overwrite=cfg.overwrite or resuming) as stage:
         write_csv(stage / "metrics.csv", pd.DataFrame(rows))
         write_csv(stage / "comm.csv", pd.DataFrame([t.__dict__ for t in transfers],
                                                    columns=["round", "sender", "receiver", "kind", "bytes"]))
@@ -122,6 +124,11 @@ def run_one(cfg: FederateConfig, manifest: Manifest, seed: int, device: str, nam
         write_json(stage / "config.json", meta)
     shutil.rmtree(work, ignore_errors=True)
     return StrategyRun(name, fold, out, rows)
+
+
+def checkpoint_dir(out: Path) -> Path:
+    """The hidden folder next to a strategy's output that holds its last completed round."""
+    return out.parent / f".{out.name}.checkpoint"
 
 
 def cv_note(fold: int | None) -> str:

@@ -119,12 +119,14 @@ class SynthesisLayer(nn.Module):
         self.up = up
         self.resolution = resolution
 
-    def forward(self, x: torch.Tensor, w: torch.Tensor, noise_mode: str, generator: torch.Generator | None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, w: torch.Tensor, noise_mode: str, generator: torch.Generator | None,
+                noise_map: torch.Tensor | None = None) -> torch.Tensor:
         if self.up:
             x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
         x = modulated_conv2d(x, self.weight, self.affine(w))
-        if noise_mode == "random":
+        if noise_map is not None:  # given maps, e.g. optimised by the projector
+            x = x + noise_map * self.noise_strength
+        elif noise_mode == "random":
             r = self.resolution
             device = generator.device if generator is not None else x.device
             noise = torch.randn(x.shape[0], 1, r, r, generator=generator, device=device).to(x)
@@ -161,12 +163,16 @@ class SynthesisBlock(nn.Module):
             self.conv1 = SynthesisLayer(out_ch, out_ch, arch.w_dim, resolution)
         self.torgb = ToRGB(out_ch, arch.channels, arch.w_dim)
 
-    def forward(self, x, img, w, noise_mode, generator):
+    def layers(self) -> list[SynthesisLayer]:
+        return [self.conv1] if self.first else [self.conv0, self.conv1]
+
+    def forward(self, x, img, w, noise_mode, generator, noise_maps=None):
+        maps = iter(noise_maps or [None] * len(self.layers()))
         if self.first:
             x = self.const.unsqueeze(0).expand(w.shape[0], -1, -1, -1)
         else:
-            x = self.conv0(x, w, noise_mode, generator)
-        x = self.conv1(x, w, noise_mode, generator)
+            x = self.conv0(x, w, noise_mode, generator, next(maps))
+        x = self.conv1(x, w, noise_mode, generator, next(maps))
         y = self.torgb(x, w)
         if img is not None:
             y = y + F.interpolate(img, scale_factor=2, mode="bilinear", align_corners=False)
@@ -184,12 +190,19 @@ class Generator(nn.Module):
             for i, r in enumerate(resolutions)
         )
 
-    def synthesis(self, w: torch.Tensor, noise_mode: str = "random", generator: torch.Generator | None = None
-                  ) -> torch.Tensor:
-        """Images from w (B, w_dim), one w for every layer (the audit projects in this W space)."""
+    @property
+    def noise_layers(self) -> list[SynthesisLayer]:
+        return [layer for block in self.blocks for layer in block.layers()]
+
+    def synthesis(self, w: torch.Tensor, noise_mode: str = "random", generator: torch.Generator | None = None,
+                  noise: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Images from w (B, w_dim), one w for every layer (the audit projects in this W space);
+        `noise` gives every layer's noise map explicitly (in `noise_layers` order)."""
         x = img = None
+        maps = iter(noise) if noise is not None else None
         for block in self.blocks:
-            x, img = block(x, img, w, noise_mode, generator)
+            block_maps = [next(maps) for _ in block.layers()] if maps is not None else None
+            x, img = block(x, img, w, noise_mode, generator, block_maps)
         return img
 
     def forward(self, z: torch.Tensor, labels: torch.Tensor, noise_mode: str = "random",

@@ -62,9 +62,9 @@ def torchvision_model(name: str, in_channels: int, num_classes: int, pretrained:
     first = model.get_submodule(first_name)
     if in_channels != 3:
         conv = nn.Conv2d(in_channels, first.out_channels, first.kernel_size, first.stride, first.padding, bias=False)
-        with torch.no_grad():
-            conv.weight.copy_(first.weight.sum(dim=1, keepdim=True).repeat(1, in_channels, 1, 1) / in_channels
-                              if in_channels != 1 else first.weight.sum(dim=1, keepdim=True))
+        if pretrained:  # gray = the RGB filters summed; without ImageNet weights the new conv keeps its own init
+            with torch.no_grad():
+                conv.weight.copy_(first.weight.sum(dim=1, keepdim=True).repeat(1, in_channels, 1, 1) / in_channels)
         parent = model if "." not in first_name else model.get_submodule(first_name.rsplit(".", 1)[0])
         setattr(parent, first_name.rsplit(".", 1)[-1], conv)
     if name.startswith("resnet"):

@@ -112,3 +112,20 @@ def cv_table(runs, nodes: list[str], metric: str = "accuracy") -> Table:
         table.add_row(strategy, *(f"{values[:, i].mean():.3f} ± {std(values[:, i]):.3f}" for i in range(len(nodes))),
                       f"{values.mean(axis=1).mean():.3f} ± {std(values.mean(axis=1)):.3f}")
     return table
+
+
+def audit_table(summaries: list[dict]) -> Table:
+    """Per node: member projection LPIPS and membership AUROC, standard vs privacy-preserving GAN."""
+    network = summaries[0]["lpips_network"] if summaries else "lpips"
+    table = Table(title=escape(f"privacy audit (projection LPIPS[{network}] of members; membership AUROC, 0.5 = "
+                               "no leak)"))
+    for column in ("node", "images/group", "LPIPS std", "LPIPS priv", "AUROC std", "AUROC priv", "AUROC L2 priv",
+                   "buffer share", "verdict"):
+        table.add_column(column, justify="left" if column in ("node", "verdict") else "right")
+    for s in summaries:
+        std, priv = s["generators"]["standard"], s["generators"]["privacy"]
+        table.add_row(s["node"], str(s["members"]), f"{std['member_lpips_mean']:.4f}",
+                      f"{priv['member_lpips_mean']:.4f}", f"{std['mia_lpips']['auroc']:.3f}",
+                      f"{priv['mia_lpips']['auroc']:.3f}", f"{priv['mia_l2']['auroc']:.3f}",
+                      f"{s['buffer']['share_nearest_is_member']:.3f}", s["verdict"]["result"])
+    return table

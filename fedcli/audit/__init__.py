@@ -1,0 +1,1 @@
+"""Privacy audit: latent backprojection, distances, membership inference, buffer nearest neighbours."""

@@ -1,0 +1,36 @@
+"""Members and non-members for the audit: size-matched and class-stratified.
+
+Members are a node's train images (the GAN saw them), non-members its test images (it did not).
+Both groups get the same number of images of every class, so a score cannot come from class
+balance; classes are filled round-robin up to `max_images` per group.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from fedcli.rng import numpy_stream
+
+
+def matched_groups(train: list[dict], test: list[dict], max_images: int, seed: int, node: str
+                   ) -> tuple[list[int], list[int]]:
+    """Indices into `train` (members) and `test` (non-members)."""
+    by_class = {"train": defaultdict(list), "test": defaultdict(list)}
+    for split, records in (("train", train), ("test", test)):
+        for i, r in enumerate(records):
+            by_class[split][r["label"]].append(i)
+    classes = sorted(set(by_class["train"]) & set(by_class["test"]))
+    pools = {}
+    for split in ("train", "test"):
+        for c in classes:
+            rng = numpy_stream(seed, "audit-groups", node, split, c)
+            pools[split, c] = [by_class[split][c][k] for k in rng.permutation(len(by_class[split][c]))]
+    capacity = {c: min(len(pools["train", c]), len(pools["test", c])) for c in classes}
+    members, non_members, depth = [], [], 0
+    while len(members) < max_images and any(depth < capacity[c] for c in classes):
+        for c in classes:
+            if depth < capacity[c] and len(members) < max_images:
+                members.append(pools["train", c][depth])
+                non_members.append(pools["test", c][depth])
+        depth += 1
+    return members, non_members

@@ -1,0 +1,32 @@
+"""Rich progress bar for projection: images done, steps/s, current mean distance."""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from fedcli import console
+
+
+class ProjectionProgress:
+    def __init__(self, label: str, images: int, steps: int):
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[status]}"), TimeRemainingColumn(), console=console.err)
+        self.task = self.progress.add_task(f"{label} projection", total=images, status="")
+        self.steps = steps
+        self._count = 0
+
+    def __enter__(self) -> "ProjectionProgress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def step(self, step: int, mean_distance: float) -> None:
+        elapsed = self.progress.tasks[0].elapsed or 0.0
+        self._count += 1
+        rate = f"{self._count / elapsed:.1f} steps/s" if elapsed else ""
+        self.progress.update(self.task, status=f"step {step + 1}/{self.steps} {rate} lpips {mean_distance:.4f}")
+
+    def batch_done(self, n: int) -> None:
+        self.progress.advance(self.task, n)

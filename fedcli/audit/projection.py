@@ -1,0 +1,124 @@
+"""Latent backprojection after the StyleGAN2 projector, for many images at once.
+
+Each target image gets its own w (W space, one w per image, broadcast to every layer), starting
+from its class's mean w. All w of a batch are optimised together with Adam: the loss is the sum
+of the per-image LPIPS, so the images do not interact. The learning rate ramps up over the first
+5% of the steps and down (cosine) over the last 25%; early on, Gaussian noise shrinking to zero
+is added to w to explore, as in the projector. Per-layer noise inputs stay fixed (`const`) unless
+`optimize_noise`, which also optimises them with the projector's noise regulariser; at small
+resolutions free noise has more values than the image has pixels, so it lets any generator
+rebuild any image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import torch
+
+from fedcli.gan.perceptual import Perceptual
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectionSettings:
+    steps: int = 100
+    lr: float = 0.1
+    rampup: float = 0.05
+    rampdown: float = 0.25
+    noise_factor: float = 0.05  # initial w noise, times the spread of w
+    noise_ramp: float = 0.75
+    noise_weight: float = 1e5  # regulariser of optimised per-layer noise
+
+
+def learning_rate(step: int, settings: ProjectionSettings) -> float:
+    t = step / settings.steps
+    ramp = min(1.0, (1.0 - t) / settings.rampdown)
+    ramp = 0.5 - 0.5 * math.cos(ramp * math.pi)
+    return settings.lr * ramp * min(1.0, t / settings.rampup)
+
+
+@torch.no_grad()
+def class_mean_w(generator, classes: list[int], samples: int, stream: torch.Generator) -> tuple[dict, float]:
+    """Mean w per class from `samples` mapped z each, and the spread of w (for the exploration noise)."""
+    means, spreads = {}, []
+    device = next(generator.parameters()).device
+    for c in classes:
+        z = torch.randn(samples, generator.arch.z_dim, generator=stream).to(device)
+        w = generator.mapping(z, torch.full((samples,), c, dtype=torch.long, device=device))
+        means[c] = w.mean(dim=0)
+        spreads.append(((w - means[c]).square().sum(dim=1).mean()).sqrt().item())
+    return means, sum(spreads) / len(spreads)
+
+
+def noise_regularizer(noises: list[torch.Tensor]) -> torch.Tensor:
+    """Penalise spatial autocorrelation of the noise maps at every scale (the projector's regulariser)."""
+    loss = 0.0
+    for noise in noises:
+        x = noise
+        while True:
+            loss = loss + (x * torch.roll(x, 1, dims=3)).mean().square() + (x * torch.roll(x, 1, dims=2)).mean().square()
+            if x.shape[-1] <= 8:
+                break
+            x = torch.nn.functional.avg_pool2d(x, 2)
+    return loss
+
+
+@dataclasses.dataclass
+class Projection:
+    w: torch.Tensor
+    images: torch.Tensor  # best reconstructions, [-1, 1]
+    lpips: torch.Tensor  # per image, at the best step
+    steps: int
+
+
+def project(synthesis: Callable[..., torch.Tensor], targets: torch.Tensor, w_start: torch.Tensor,
+            perceptual: Perceptual, settings: ProjectionSettings, stream: torch.Generator, w_spread: float,
+            layers=None, on_step: Callable[[int, float], None] | None = None) -> Projection:
+    """Project a batch of targets ([-1, 1]); `synthesis(w)` renders images (noise fixed inside it).
+
+    With `layers` (the generator's synthesis layers) and noise optimisation wanted, pass them to
+    optimise per-layer noise too; `synthesis` must then accept `noise=` maps.
+    """
+    device = targets.device
+    w = w_start.detach().clone().requires_grad_(True)
+    params = [w]
+    noises = None
+    if layers is not None:
+        noises = [torch.randn(len(targets), 1, l.resolution, l.resolution, generator=stream).to(device)
+                  .requires_grad_(True) for l in layers]
+        params += noises
+    optimizer = torch.optim.Adam(params, betas=(0.9, 0.999), lr=settings.lr)
+    with torch.no_grad():
+        target_features = perceptual.features(targets)
+    best = torch.full((len(targets),), math.inf, device=device)
+    best_w, best_images = w.detach().clone(), targets.clone()
+    for step in range(settings.steps):
+        t = step / settings.steps
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, settings)
+        scale = w_spread * settings.noise_factor * max(0.0, 1.0 - t / settings.noise_ramp) ** 2
+        w_noisy = w + torch.randn(w.shape, generator=stream).to(device) * scale
+        images = synthesis(w_noisy, noise=noises) if noises is not None else synthesis(w_noisy)
+        fake_features = perceptual.features(images)
+        distances = sum((((fa - fb).square() * lin.view(1, -1, 1, 1)).sum(1).mean((1, 2)))
+                        for fa, fb, lin in zip(target_features, fake_features, perceptual.lin_weights))
+        loss = distances.sum()
+        if noises is not None:
+            loss = loss + settings.noise_weight * noise_regularizer(noises)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if noises is not None:
+            with torch.no_grad():
+                for n in noises:
+                    n.sub_(n.mean()).div_(n.square().mean().sqrt())
+        with torch.no_grad():
+            improved = distances.detach() < best
+            best = torch.where(improved, distances.detach(), best)
+            best_w[improved] = w_noisy.detach()[improved]
+            best_images[improved] = images.detach()[improved].clamp(-1, 1)
+        if on_step is not None:
+            on_step(step, float(best.mean()))
+    return Projection(best_w, best_images, best, settings.steps)

@@ -1,0 +1,59 @@
+"""Distances and attack scores of the audit.
+
+Pixel L2 (RMS per pixel on [-1, 1]) and SSIM are independent of the LPIPS the generator was
+trained against, so a generator that games LPIPS shows up in them. Membership inference follows
+GAN-Leaks: score = minus the projection distance, members labelled 1; AUROC 0.5 means no leak.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def pixel_l2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a - b).flatten(1).square().mean(dim=1).sqrt()
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 7, sigma: float = 1.5) -> torch.Tensor:
+    """Mean structural similarity per image pair, images in [-1, 1] (Gaussian window, per channel)."""
+    a, b = (a + 1) / 2, (b + 1) / 2
+    channels = a.shape[1]
+    offsets = torch.arange(window, dtype=a.dtype) - window // 2
+    g = torch.exp(-0.5 * (offsets / sigma) ** 2)
+    g = (g / g.sum()).to(a.device)
+    kernel = (g[:, None] * g[None, :]).expand(channels, 1, window, window)
+
+    def blur(x):
+        return F.conv2d(x, kernel, groups=channels)
+
+    mu_a, mu_b = blur(a), blur(b)
+    var_a, var_b = blur(a * a) - mu_a ** 2, blur(b * b) - mu_b ** 2
+    cov = blur(a * b) - mu_a * mu_b
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    value = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
+    return value.flatten(1).mean(dim=1)
+
+
+def membership(distances: np.ndarray, is_member: np.ndarray) -> dict[str, float]:
+    """AUROC and average precision of the attack `score = -distance` (members should be closer)."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    scores = -np.asarray(distances, dtype=float)
+    return {"auroc": float(roc_auc_score(is_member, scores)),
+            "average_precision": float(average_precision_score(is_member, scores))}
+
+
+def nearest(perceptual, queries: torch.Tensor, pool: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """LPIPS distance from each query to its nearest image in `pool`, and that image's index."""
+    with torch.no_grad():
+        pool_features = [torch.cat(parts) for parts in zip(*(perceptual.features(pool[i:i + chunk])
+                                                             for i in range(0, len(pool), chunk)))]
+        best, index = [], []
+        for i in range(0, len(queries), chunk):
+            matrix = perceptual.pairwise(perceptual.features(queries[i:i + chunk]), pool_features)
+            values, where = matrix.min(dim=1)
+            best.append(values)
+            index.append(where)
+    return torch.cat(best), torch.cat(index)
