@@ -23,7 +23,7 @@ def test_help_lists_the_five_stages_each_with_an_example(cli):
         assert "Example: fedcli " + stage in cli.ok(stage, "--help").output
 
 
-@pytest.mark.parametrize("stage", STAGES[3:])
+@pytest.mark.parametrize("stage", STAGES[4:])
 def test_later_stages_say_not_yet_available(cli, stage, tmp_path):
     line = cli.user_error(stage, "--exp", tmp_path / "exp")
     assert "not yet available" in line

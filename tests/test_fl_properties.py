@@ -138,6 +138,7 @@ def test_grayscale_torchvision_models_take_one_channel():
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
+@pytest.mark.filterwarnings("ignore:y_pred contains classes not in y_true")
 def test_metrics_match_scikit_learn_including_absent_and_predicted_only_classes():
     import numpy as np
     from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score
