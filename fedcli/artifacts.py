@@ -98,23 +98,31 @@ def save_tensors(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, 
     atomic_write_bytes(path, tensor_bytes(tensors, metadata))
 
 
-def tensor_metadata(path: Path) -> dict:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return json.loads((handle.metadata() or {}).get(METADATA_KEY, "{}"))
-
-
-def load_tensors(path: Path, what: str) -> dict:
+def parse_tensors(data: bytes) -> tuple[dict, dict]:
+    """Tensors and fedcli metadata of safetensors bytes; ValueError when they are not valid."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
+    try:
+        tensors = load(data)
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        metadata = json.loads((header.get("__metadata__") or {}).get(METADATA_KEY, "{}"))
+    except (SafetensorError, OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise ValueError(str(exc)) from exc
+    return tensors, metadata
+
+
+def tensor_metadata(path: Path) -> dict:
+    return parse_tensors(Path(path).read_bytes())[1]
+
+
+def load_tensors(path: Path, what: str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{what} not found at {path}")
     try:
-        return load(path.read_bytes())
-    except (SafetensorError, ValueError, OSError) as exc:
+        return parse_tensors(path.read_bytes())[0]
+    except ValueError as exc:
         raise UserError(f"{what} at {path} is corrupt ({exc}); recreate it") from exc
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -69,8 +69,11 @@ def root(
     """fedcli."""
 
 
-def given_on_command_line(ctx: typer.Context) -> set[str]:
-    return {name for name in ctx.params if (src := ctx.get_parameter_source(name)) and src.name == "COMMANDLINE"}
+def resolved_config(ctx: typer.Context, cls: type, table: str):
+    """The command's config: options given on the command line, else the recipe's [table], else defaults."""
+    params = dict(ctx.params)
+    given = {name for name in params if (src := ctx.get_parameter_source(name)) and src.name == "COMMANDLINE"}
+    return resolve(cls, params, given, params.pop("config"), table)
 
 
 @app.command(epilog="Example: fedcli partition --source digits --nodes 3 --exp results/demo")
@@ -105,8 +108,7 @@ def partition(
     from fedcli.data.partition import run
     from fedcli.data.summary import partition_table, short_test_notes
 
-    params = dict(ctx.params)
-    cfg = resolve(PartitionConfig, params, given_on_command_line(ctx), params.pop("config"), "partition")
+    cfg = resolved_config(ctx, PartitionConfig, "partition")
     manifest = run(cfg)
     console.out.print(partition_table(manifest))
     for key, count in (manifest["dropped"] or {}).items():
@@ -165,8 +167,7 @@ def train_gan(
     from fedcli.gan.stage import run
     from fedcli.report.tables import gan_table
 
-    params = dict(ctx.params)
-    cfg = resolve(GanConfig, params, given_on_command_line(ctx), params.pop("config"), "train_gan")
+    cfg = resolved_config(ctx, GanConfig, "train_gan")
     summaries = run(cfg)
     if not cfg.sample_only:
         console.out.print(gan_table(summaries))
@@ -219,8 +220,7 @@ def federate(
     from fedcli.fl.stage import run
     from fedcli.report.tables import cv_table, ensemble_table, node_convergence_table, node_performance_table
 
-    params = dict(ctx.params)
-    cfg = resolve(FederateConfig, params, given_on_command_line(ctx), params.pop("config"), "federate")
+    cfg = resolved_config(ctx, FederateConfig, "federate")
     runs = run(cfg)
     nodes = Manifest.load(cfg.exp).node_names
     for fold in sorted({r.fold for r in runs}, key=lambda f: -1 if f is None else f):
@@ -268,8 +268,7 @@ def audit_privacy(
     from fedcli.audit.stage import run
     from fedcli.report.tables import audit_table
 
-    params = dict(ctx.params)
-    cfg = resolve(AuditConfig, params, given_on_command_line(ctx), params.pop("config"), "audit")
+    cfg = resolved_config(ctx, AuditConfig, "audit")
     summaries = run(cfg)
     console.out.print(audit_table(summaries))
     for s in summaries:

@@ -63,8 +63,12 @@ class PartitionConfig:
         if self.scheme == "source" and self.site is not None:
             raise UserError("--site keeps one site, so --scheme source would give one node; use --scheme iid")
 
-    def to_json(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+def to_json(cfg) -> dict[str, Any]:
+    """A resolved config as JSON values (paths as strings, tuples as lists), for config.json."""
+    def plain(value: Any) -> Any:
+        return str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+
+    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
 
 
 def load_recipe(path: Path | None, stage: str, valid: list[str]) -> dict[str, Any]:

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import TextColumn
 
-from fedcli import console
+from fedcli.progress import ProgressBar
 
 
-class ProjectionProgress:
+class ProjectionProgress(ProgressBar):
     def __init__(self, label: str, images: int, steps: int):
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[status]}"), TimeRemainingColumn(), console=console.err)
+        super().__init__(TextColumn("{task.fields[status]}"))
         self.task = self.progress.add_task(f"{label} projection", total=images, status="")
         self.steps = steps
         self._count = 0
-
-    def __enter__(self) -> "ProjectionProgress":
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
 
     def step(self, step: int, mean_distance: float) -> None:
         elapsed = self.progress.tasks[0].elapsed or 0.0

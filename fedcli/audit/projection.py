@@ -101,9 +101,7 @@ def project(synthesis: Callable[..., torch.Tensor], targets: torch.Tensor, w_sta
         scale = w_spread * settings.noise_factor * max(0.0, 1.0 - t / settings.noise_ramp) ** 2
         w_noisy = w + torch.randn(w.shape, generator=stream).to(device) * scale
         images = synthesis(w_noisy, noise=noises) if noises is not None else synthesis(w_noisy)
-        fake_features = perceptual.features(images)
-        distances = sum((((fa - fb).square() * lin.view(1, -1, 1, 1)).sum(1).mean((1, 2)))
-                        for fa, fb, lin in zip(target_features, fake_features, perceptual.lin_weights))
+        distances = perceptual.paired(target_features, perceptual.features(images))
         loss = distances.sum()
         if noises is not None:
             loss = loss + settings.noise_weight * noise_regularizer(noises)

@@ -13,28 +13,26 @@ nearest.png, roc.png, config.json.
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
 from fedcli import console
-from fedcli.artifacts import check_output_free, load_tensors, provenance, read_json, sha256_file, staged_output, \
+from fedcli.artifacts import check_output_free, load_tensors, provenance, sha256_file, staged_output, \
     write_csv, write_json
 from fedcli.audit import figures, scores
 from fedcli.audit.groups import matched_groups
 from fedcli.audit.progress import ProjectionProgress
 from fedcli.audit.projection import ProjectionSettings, class_mean_w, project
-from fedcli.config import AuditConfig
+from fedcli.config import AuditConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device
 from fedcli.errors import UserError
 from fedcli.gan.networks import Architecture
 from fedcli.gan.perceptual import Perceptual
-from fedcli.gan.stage import load_generator
+from fedcli.gan.stage import load_generator, read_gan_config
 from fedcli.layout import BUFFER, GENERATOR, GENERATOR_PHASE1, audit_dir, gan_dir
 from fedcli.rng import torch_stream
 
@@ -48,10 +46,7 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> dict:
     for name in (GENERATOR, GENERATOR_PHASE1, BUFFER):
         if not (folder / name).is_file():
             raise UserError(f"node {node} has no {name} in {folder}; run fedcli train-gan --exp {cfg.exp} first")
-    saved = read_json(folder / "config.json", f"GAN config of node {node}")
-    if saved.get("inputs", {}).get("manifest") != manifest.content_hash:
-        raise UserError(f"node {node}'s generators were trained on another partition (stale manifest hash); "
-                        "re-run fedcli train-gan --overwrite")
+    saved = read_gan_config(cfg.exp, manifest, node)
     if saved["architecture"]["resolution"] != manifest["image_size"]:
         raise UserError(f"node {node}'s generator makes {saved['architecture']['resolution']} px images but the "
                         f"partition has {manifest['image_size']} px; re-run fedcli train-gan")
@@ -130,7 +125,7 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, saved: dict, see
         figures.pairs(out / "pairs.png", images[:len(member_idx)], reconstructions, node)
         figures.nearest(out / "nearest.png", buffer_images, images, buffer_to_real.cpu(), nearest_real.cpu(), node)
         figures.roc(out / "roc.png", frame, node)
-        write_json(out / "config.json", provenance("audit-privacy", config_json(cfg), seed, {
+        write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed, {
             "manifest": manifest.content_hash, **{f"{name}": sha256_file(folder / file)
                                                    for name, file in (*GENERATORS.items(), ("buffer", BUFFER))}}))
     return summary
@@ -178,6 +173,3 @@ def verdict(summary: dict, cfg: AuditConfig) -> dict:
     return {"result": "fail" if reasons else "pass", "reasons": reasons,
             "thresholds": {"max_auroc": cfg.max_auroc, "min_distance": cfg.min_distance}}
 
-
-def config_json(cfg: AuditConfig) -> dict:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
-from fedcli.config import PartitionConfig
+from fedcli.config import PartitionConfig, to_json
 from fedcli.data import acquisition, schemes
 from fedcli.data.manifest import SCHEMA, Manifest, content_hash
 from fedcli.data.records import Sample, SourceData
@@ -106,7 +106,7 @@ def run(cfg: PartitionConfig) -> Manifest:
         write_json(stage / "manifest.json", manifest.data)
         write_csv(stage / "summary.csv", summary_frame(manifest))
         write_summary_png(manifest, stage / "summary.png")
-        write_json(stage / "config.json", provenance("partition", cfg.to_json(), cfg.seed,
+        write_json(stage / "config.json", provenance("partition", to_json(cfg), cfg.seed,
                                                      {"data": manifest.content_hash}))
     manifest.path = out / "manifest.json"
     return manifest

@@ -41,11 +41,28 @@ class LazySources(dict):
         return source
 
 
+class NodeImages:
+    """Decoded node splits, shared by every strategy and fold of one federate run: each
+    (node, split, folds) is decoded once, not once per strategy."""
+
+    def __init__(self, manifest: Manifest):
+        self.manifest = manifest
+        self._cache: dict[tuple, TensorSource] = {}
+
+    def get(self, node: str, split: str, folds: list[int] | None) -> TensorSource:
+        key = (node, split, None if folds is None else tuple(folds))
+        if key not in self._cache:
+            data = NodeDataset(self.manifest, node, split, folds)
+            self._cache[key] = TensorSource(data.images, data.labels)
+        return self._cache[key]
+
+
 class Federation:
     def __init__(self, manifest: Manifest, buffers: Callable[[str], TensorSource], *, seed: int, model: str,
                  epochs: int, init_epochs: int, lr: float, batch: int, lam: float, buffer_codec: str = "png",
                  fold: int | None = None, device: str = "cpu", bootstrap: int = 1000, pretrained: bool = False,
-                 model_weights: Path | None = None, node_batch: dict[str, int] | None = None):
+                 model_weights: Path | None = None, node_batch: dict[str, int] | None = None,
+                 images: NodeImages | None = None):
         self.manifest, self.nodes, self.seed, self.device = manifest, manifest.node_names, seed, device
         self.model_name, self.pretrained, self.model_weights = model, pretrained, model_weights
         self.epochs, self.init_epochs, self.lr, self.batch, self.lam = epochs, init_epochs, lr, batch, lam
@@ -59,6 +76,7 @@ class Federation:
         self.buffer_codec, self.bootstrap = buffer_codec, bootstrap
         folds = list(range(manifest["folds"]))
         train_folds = None if fold is None else [f for f in folds if f != fold]
+        self.images = images or NodeImages(manifest)
         self.train = LazySources(lambda node: self._source(node, "train", train_folds))
         self.test = LazySources(lambda node: self._source(node, "train", [fold]) if fold is not None
                                 else self._source(node, "test", None))
@@ -68,8 +86,7 @@ class Federation:
         self._decoded_buffers: dict[str, TensorSource] = {}
 
     def _source(self, node: str, split: str, folds: list[int] | None) -> TensorSource:
-        data = NodeDataset(self.manifest, node, split, folds)
-        return TensorSource(data.images, data.labels)
+        return self.images.get(node, split, folds)
 
     def new_model(self, key: str) -> nn.Module:
         """A freshly initialised classifier; the same key always gives the same weights."""

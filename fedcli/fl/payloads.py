@@ -8,12 +8,11 @@ shape and labels in range. Buffers travel losslessly compressed, one PNG per ima
 from __future__ import annotations
 
 import io
-import json
 
 import numpy as np
 import torch
 
-from fedcli.artifacts import METADATA_KEY, tensor_bytes
+from fedcli.artifacts import parse_tensors, tensor_bytes
 from fedcli.errors import UserError
 
 CODECS = ("png", "raw")
@@ -25,19 +24,10 @@ class PayloadError(UserError):
 
 def load_payload(data: bytes, what: str) -> tuple[dict[str, torch.Tensor], dict]:
     """Tensors and fedcli metadata of a safetensors payload; anything unreadable is a PayloadError."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
     try:
-        tensors = load(data)
-    except (SafetensorError, ValueError, OSError) as exc:
+        return parse_tensors(data)
+    except ValueError as exc:
         raise PayloadError(f"received {what} is not a valid safetensors payload ({exc})") from exc
-    try:
-        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
-        metadata = json.loads((header.get("__metadata__") or {}).get(METADATA_KEY, "{}"))
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise PayloadError(f"received {what} has unreadable metadata ({exc})") from exc
-    return tensors, metadata
 
 
 def encode_model(state: dict[str, torch.Tensor]) -> bytes:

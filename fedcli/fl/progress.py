@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-    TimeRemainingColumn
+from rich.progress import TimeElapsedColumn
 
-from fedcli import console
+from fedcli.progress import ProgressBar
 
 
-class RoundProgress:
+class RoundProgress(ProgressBar):
     def __init__(self, label: str, rounds: int):
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TimeRemainingColumn(), console=console.err)
+        super().__init__(TimeElapsedColumn())
         self.task = self.progress.add_task(f"{label} rounds", total=rounds)
-
-    def __enter__(self) -> "RoundProgress":
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
 
     def update(self, round_: int) -> None:
         self.progress.update(self.task, completed=round_)

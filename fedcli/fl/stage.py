@@ -16,16 +16,17 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fedcli.artifacts import check_output_free, load_tensors, provenance, read_json, save_tensors, sha256_file, \
+from fedcli.artifacts import check_output_free, load_tensors, provenance, save_tensors, sha256_file, \
     staged_output, write_csv, write_json
-from fedcli.config import FederateConfig
+from fedcli.config import FederateConfig, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
-from fedcli.fl.engine import Checkpoint, Federation, run_rounds
+from fedcli.fl.engine import Checkpoint, Federation, NodeImages, run_rounds
 from fedcli.fl.local import TensorSource
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.strategies import NEEDS_BUFFERS, make_strategy
 from fedcli.devices import resolve_device
+from fedcli.gan.stage import read_gan_config
 from fedcli.layout import BUFFER, federate_dir, gan_dir
 
 
@@ -43,10 +44,7 @@ def load_buffer(exp: Path, manifest: Manifest, node: str, size: int | None, stra
     if not (folder / BUFFER).is_file():
         raise UserError(f"strategy {strategy} needs node {node}'s synthetic buffer ({folder / BUFFER} is missing); "
                         f"run fedcli train-gan --exp {exp} first")
-    config = read_json(folder / "config.json", f"GAN config of node {node}")
-    if config.get("inputs", {}).get("manifest") != manifest.content_hash:
-        raise UserError(f"node {node}'s buffer was made from another partition (stale manifest hash); "
-                        "re-run fedcli train-gan --overwrite")
+    read_gan_config(exp, manifest, node)
     tensors = load_tensors(folder / BUFFER, f"buffer of node {node}")
     images, labels = tensors.get("images"), tensors.get("labels")
     shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])
@@ -78,24 +76,24 @@ def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
         if not (cfg.resume and checkpoint_dir(out).is_dir()):
             check_output_free(out, cfg.overwrite)
     buffer_hashes = {node: sha256_file(gan_dir(cfg.exp, node) / BUFFER) for node in buffers}
-    results = []
-    for name, fold in runs:
-        results.append(run_one(cfg, manifest, seed, device, name, fold, buffers, buffer_hashes, after_round))
-    return results
+    images = NodeImages(manifest)
+    return [run_one(cfg, manifest, seed, device, name, fold, buffers, buffer_hashes, images, after_round)
+            for name, fold in runs]
 
 
 def run_one(cfg: FederateConfig, manifest: Manifest, seed: int, device: str, name: str, fold: int | None,
-            buffers: dict[str, TensorSource], buffer_hashes: dict[str, str], after_round) -> StrategyRun:
+            buffers: dict[str, TensorSource], buffer_hashes: dict[str, str], images: NodeImages,
+            after_round) -> StrategyRun:
     out = federate_dir(cfg.exp, name, fold)
     init_epochs = cfg.epochs if cfg.init_epochs is None else cfg.init_epochs
     fed = Federation(manifest, lambda node: buffers[node], seed=seed, model=cfg.model, epochs=cfg.epochs,
                      init_epochs=init_epochs, lr=cfg.lr, batch=cfg.batch, lam=cfg.lam, buffer_codec=cfg.buffer_codec,
                      fold=fold, device=device, bootstrap=cfg.bootstrap, pretrained=cfg.pretrained,
-                     model_weights=cfg.model_weights, node_batch=cfg.batch_sizes())
+                     model_weights=cfg.model_weights, node_batch=cfg.batch_sizes(), images=images)
     buffer_size = cfg.buffer_size if cfg.buffer_size is not None else (len(next(iter(buffers.values())))
                                                                        if buffers else 0)
     strategy = make_strategy(name, cfg.mu, buffer_size)
-    resolved = {k: v for k, v in config_json(cfg).items() if k not in ("strategy", "resume", "overwrite")}
+    resolved = {k: v for k, v in to_json(cfg).items() if k not in ("strategy", "resume", "overwrite")}
     inputs = {"manifest": manifest.content_hash}
     inputs |= {f"buffer:{n}": h for n, h in buffer_hashes.items() if name in NEEDS_BUFFERS}
     resolved |= {"strategy": name, "fold": fold, "seed": seed, "init_epochs": init_epochs,
@@ -135,7 +133,3 @@ def cv_note(fold: int | None) -> str:
     return (f"validation on train fold {fold}: the GAN buffers were trained on all train folds, so they have "
             "seen this validation fold")
 
-
-def config_json(cfg: FederateConfig) -> dict:
-    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-            for k, v in dataclasses.asdict(cfg).items()}

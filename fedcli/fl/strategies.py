@@ -17,6 +17,7 @@ safetensors bytes and is rebuilt and validated by the receiver, so no tensor sto
 
 from __future__ import annotations
 
+import abc
 import copy
 import dataclasses
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from fedcli.fl import topology
-from fedcli.fl.local import LocalSettings, TensorSource, train_local
+from fedcli.fl.local import TensorSource
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.transport import SERVER
 from fedcli.models.classifier import batchnorm_keys
@@ -38,19 +39,22 @@ STRATEGIES = ("feder", "feder-a", "feder-b", "cyclic", "fedavg", "fedprox", "fed
 NEEDS_BUFFERS = {"feder", "feder-a", "feder-b", "central-synthetic", "central-mixed"}
 
 
-class Strategy:
+class Strategy(abc.ABC):
+    """The hooks the engine calls; every strategy below implements the three abstract ones."""
+
     name: str
 
+    @abc.abstractmethod
     def setup(self, fed: "Federation", train: bool = True) -> None:
         """Initial models (round 0); `train=False` only builds them, for a resumed run."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def run_round(self, fed: "Federation", round_: int) -> None:
-        raise NotImplementedError
+        """One exchange and E local epochs."""
 
+    @abc.abstractmethod
     def models(self) -> dict[str, nn.Module]:
         """The models to evaluate, by `model_node` (a node name, `global` or `central`)."""
-        raise NotImplementedError
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         return {key: model.state_dict() for key, model in self.models().items()}

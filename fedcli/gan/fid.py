@@ -17,7 +17,8 @@ import scipy.linalg
 import torch
 import torch.nn.functional as F
 
-from fedcli.gan.perceptual import Perceptual, hub_checkpoint, load_state, warn_fallback
+from fedcli.gan.perceptual import Perceptual, warn_fallback
+from fedcli.weights import hub_checkpoint, load_state
 
 INCEPTION_FILE = "inception_v3_google-0cc3c7bd.pth"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -24,23 +24,12 @@ from torch import nn
 from fedcli import console
 from fedcli.errors import UserError
 from fedcli.rng import stream_seed
+from fedcli.weights import hub_checkpoint, load_state
 
 # torchvision's file names for the ImageNet backbones, as torch.hub caches them
 MIN_SIZE = 32
 HUB_FILES = {"vgg": "vgg16-397923af.pth", "alex": "alexnet-owt-7be5be79.pth"}
 _warned: set[str] = set()
-
-
-def hub_checkpoint(filename: str) -> Path | None:
-    path = Path(torch.hub.get_dir()) / "checkpoints" / filename
-    return path if path.is_file() else None
-
-
-def load_state(path: Path, what: str) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad file
-        raise UserError(f"{what} {path} is not a readable PyTorch state dict ({exc})") from exc
 
 
 def warn_fallback(name: str, message: str) -> None:
@@ -114,12 +103,16 @@ class Perceptual(nn.Module):
             total = layer if total is None else total + layer
         return total.clamp_min(0)
 
+    def paired(self, a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
+        """LPIPS between matching feature sets a[i], b[i] (features computed once, e.g. of fixed targets)."""
+        total = 0
+        for fa, fb, w in zip(a, b, self.lin_weights):
+            total = total + ((fa - fb).square() * w.view(1, -1, 1, 1)).sum(dim=1).mean(dim=(1, 2))
+        return total
+
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Distances between matching pairs x[i], y[i]."""
-        total = 0
-        for fx, fy, w in zip(self.features(x), self.features(y), self.lin_weights):
-            total = total + ((fx - fy).square() * w.view(1, -1, 1, 1)).sum(dim=1).mean(dim=(1, 2))
-        return total
+        return self.paired(self.features(x), self.features(y))
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
         """Spatially averaged deepest features: the Inception-free FID embedding."""

@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import math
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import TextColumn
 
-from fedcli import console
+from fedcli.progress import ProgressBar
 
 
-class TrainingProgress:
+class TrainingProgress(ProgressBar):
     def __init__(self, node: str, iterations: int, pp_iterations: int):
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[rate]}"),
-                                 TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
-                                 console=console.err, transient=False)
+        super().__init__(TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[status]}"))
         self.tasks = {1: self.progress.add_task(f"{node} phase 1", total=iterations, rate="", status=""),
                       2: self.progress.add_task(f"{node} phase 2", total=pp_iterations, rate="", status="",
                                                 start=False)}
         self.fid = {1: math.nan, 2: math.nan}
-
-    def __enter__(self) -> "TrainingProgress":
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
 
     def update(self, row: dict) -> None:
         phase = row["phase"]

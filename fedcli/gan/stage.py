@@ -17,7 +17,7 @@ import torch
 from fedcli import console
 from fedcli.artifacts import (check_output_free, load_tensors, provenance, read_json, save_tensors, sha256_file,
                               staged_output, write_csv, write_json)
-from fedcli.config import GanConfig
+from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device
@@ -113,13 +113,10 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
                        "fid_limit": cfg.fid_factor * phase1.fid},
             "buffer": {"size": cfg.buffer_size, "sha256": sha256_file(out / BUFFER)},
         }
-        write_json(out / "config.json", provenance("train-gan", config_json(cfg), seed,
+        write_json(out / "config.json", provenance("train-gan", to_json(cfg), seed,
                                                    {"manifest": manifest.content_hash}) | summary)
     return summary
 
-
-def config_json(cfg: GanConfig) -> dict:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}
 
 
 def metric_names(perceptual: Perceptual, features: FeatureSpace) -> dict[str, str]:
@@ -149,13 +146,19 @@ def load_generator(folder: Path, filename: str, arch: Architecture, device: str 
     return generator.to(device).eval()
 
 
+def read_gan_config(exp: Path, manifest: Manifest, node: str) -> dict:
+    """A node's GAN config.json, refused when its generators came from another partition."""
+    saved = read_json(gan_dir(exp, node) / "config.json", f"GAN config of node {node} (run fedcli train-gan first)")
+    if saved.get("inputs", {}).get("manifest") != manifest.content_hash:
+        raise UserError(f"node {node}'s generators and buffer were made from another partition (stale manifest "
+                        "hash); re-run fedcli train-gan --overwrite")
+    return saved
+
+
 def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str) -> dict:
     """Write a buffer of another size from the saved privacy-preserving generator."""
     folder = gan_dir(cfg.exp, node)
-    saved = read_json(folder / "config.json", f"GAN config of node {node} (run fedcli train-gan first)")
-    if saved.get("inputs", {}).get("manifest") != manifest.content_hash:
-        raise UserError(f"node {node}'s generator was trained on another partition (stale manifest hash); "
-                        "re-run fedcli train-gan --overwrite")
+    saved = read_gan_config(cfg.exp, manifest, node)
     classes = saved["classes"]
     check_buffer_size(cfg.buffer_size, classes, node)
     generator = load_generator(folder, GENERATOR, Architecture(**saved["architecture"]), device)

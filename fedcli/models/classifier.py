@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from fedcli.errors import UserError
+from fedcli.weights import hub_checkpoint, load_state
 
 HUB_FILES = {"resnet18": "resnet18-f37072fd.pth", "resnet50": "resnet50-11ad3fa6.pth",
              "densenet121": "densenet121-a639ec97.pth"}
@@ -41,14 +42,11 @@ class SmallCNN(nn.Module):
 
 
 def imagenet_state(name: str, weights: Path | None) -> dict:
-    path = Path(weights) if weights else Path(torch.hub.get_dir()) / "checkpoints" / HUB_FILES[name]
-    if not path.is_file():
-        raise UserError(f"no ImageNet weights for {name} at {path}; put {HUB_FILES[name]} in the torch hub cache "
-                        "or pass --model-weights, or drop --pretrained")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad file
-        raise UserError(f"{path} is not a readable state dict ({exc})") from exc
+    path = Path(weights) if weights else hub_checkpoint(HUB_FILES[name])
+    if path is None:
+        raise UserError(f"no ImageNet weights for {name}: put {HUB_FILES[name]} in the torch hub cache or pass "
+                        "--model-weights, or drop --pretrained")
+    return load_state(path, f"ImageNet weights for {name}")
 
 
 def torchvision_model(name: str, in_channels: int, num_classes: int, pretrained: bool,
