@@ -14,10 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/fedcli partition --config recipes/quickstart.toml --exp results/demo --overwrite
-	$(BIN)/fedcli train-gan --config recipes/quickstart.toml --exp results/demo --overwrite
-	$(BIN)/fedcli federate --config recipes/quickstart.toml --exp results/demo --overwrite
-	$(BIN)/fedcli audit-privacy --config recipes/quickstart.toml --exp results/demo --overwrite
+	$(BIN)/fedcli run recipes/quickstart.toml --exp results/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -10,8 +10,8 @@ import typer
 from typer.core import TyperGroup
 
 from fedcli import __version__, console
-from fedcli.config import (AuditConfig, BufferCodec, Device, FederateConfig, GanConfig, LpipsNet, ModelName, PartitionConfig,
-                           Scheme, Source, Task, resolve)
+from fedcli.config import (AuditConfig, BufferCodec, Device, FederateConfig, GanConfig, LpipsNet, Metric, ModelName,
+                           PartitionConfig, ReportConfig, Scheme, Source, Task, resolve)
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 
@@ -87,7 +87,7 @@ def partition(
     scheme: Optional[Scheme] = typer.Option(None, help="How samples become nodes. Default: site-shift for "
                                             "digits, iid for medmnist, source otherwise.", show_default=False),
     nodes: Optional[int] = typer.Option(None, help="Number of nodes for iid, dirichlet and site-shift "
-                                        "[default: 3].", show_default=False),
+                                        "\\[default: 3].", show_default=False),
     alpha: float = typer.Option(PartitionConfig.alpha, help="Dirichlet concentration; smaller = stronger label skew."),
     site: Optional[str] = typer.Option(None, help="Keep one site of a multi-site source before an iid split "
                                        "(e.g. shenzhen)."),
@@ -119,17 +119,13 @@ def partition(
     console.out.print(f"wrote {manifest.path.parent}")
 
 
-def not_yet(stage: str, issue: str) -> None:
-    raise UserError(f"fedcli {stage} is not yet available ({issue}); only fedcli partition runs today")
-
-
 @app.command("train-gan", epilog="Example: fedcli train-gan --exp results/demo --node node0")
 def train_gan(
     ctx: typer.Context,
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
     node: Optional[str] = typer.Option(None, help="Train this node only (hospitals can run separately). "
                                        "Default: every node in turn.", show_default=False),
-    seed: Optional[int] = typer.Option(None, help="Seed [default: the partition's].", show_default=False),
+    seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     iterations: int = typer.Option(GanConfig.iterations, help="Phase 1 (standard GAN) iteration cap."),
     patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when FID has not improved for this many iterations."),
     pp_iterations: int = typer.Option(GanConfig.pp_iterations, help="Phase 2 (privacy loss) iteration cap."),
@@ -148,9 +144,9 @@ def train_gan(
     channel_max: int = typer.Option(GanConfig.channel_max, help="Most feature maps per layer."),
     lpips_net: LpipsNet = typer.Option(GanConfig.lpips_net, help="LPIPS backbone: alex (quick default) or vgg (the study)."),
     lpips_weights: Optional[Path] = typer.Option(None, help="torchvision ImageNet weights of the LPIPS backbone "
-                                                 "[default: the torch hub cache, else a named random fallback].",
+                                                 "\\[default: the torch hub cache, else a named random fallback].",
                                                  show_default=False),
-    fid_weights: Optional[Path] = typer.Option(None, help="torchvision Inception-v3 weights for FID [default: "
+    fid_weights: Optional[Path] = typer.Option(None, help="torchvision Inception-v3 weights for FID \\[default: "
                                                "the torch hub cache, else LPIPS features].", show_default=False),
     buffer_size: int = typer.Option(GanConfig.buffer_size, help="Synthetic images in the shared buffer (class-interleaved)."),
     sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "
@@ -184,7 +180,7 @@ def federate(
     rounds: int = typer.Option(FederateConfig.rounds, help="Federated rounds R."),
     epochs: int = typer.Option(FederateConfig.epochs, help="Local epochs E per round."),
     init_epochs: Optional[int] = typer.Option(None, help="Epochs each node trains alone before round 1 "
-                                              "[default: E].", show_default=False),
+                                              "\\[default: E].", show_default=False),
     lr: float = typer.Option(FederateConfig.lr, help="Adam learning rate (fresh optimiser every round)."),
     batch: int = typer.Option(FederateConfig.batch, help="Real images per mini-batch (FedER adds as many "
                               "buffer images)."),
@@ -193,7 +189,7 @@ def federate(
     lam: float = typer.Option(FederateConfig.lam, help="lambda: loss = lambda CE(real) + (1 - lambda) CE(buffer)."),
     mu: float = typer.Option(FederateConfig.mu, help="FedProx proximal weight."),
     buffer_size: Optional[int] = typer.Option(None, help="Use the first k buffer images of each node; 0 = "
-                                              "FedER without replay [default: all].", show_default=False),
+                                              "FedER without replay \\[default: all].", show_default=False),
     buffer_codec: BufferCodec = typer.Option(FederateConfig.buffer_codec, help="How buffers travel: png "
                                              "(lossless, per image) or raw."),
     model: ModelName = typer.Option(FederateConfig.model, help="Classifier: cnn (quick), resnet18 (the study), "
@@ -207,7 +203,7 @@ def federate(
     fold: Optional[int] = typer.Option(None, help="Train on the other train folds, evaluate on fold k (model "
                                        "selection without the test set).", show_default=False),
     cv: bool = typer.Option(FederateConfig.cv, help="Run every fold and report mean and std."),
-    seed: Optional[int] = typer.Option(None, help="Seed [default: the partition's].", show_default=False),
+    seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     device: Device = typer.Option(FederateConfig.device, help="auto (CUDA when present), cpu or cuda."),
     resume: bool = typer.Option(FederateConfig.resume, help="Continue from the last completed round."),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
@@ -241,7 +237,7 @@ def federate(
 def audit_privacy(
     ctx: typer.Context,
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
-    node: Optional[str] = typer.Option(None, help="Audit this node only [default: every node].",
+    node: Optional[str] = typer.Option(None, help="Audit this node only \\[default: every node].",
                                        show_default=False),
     max_images: int = typer.Option(AuditConfig.max_images, help="Images per group (members, non-members), "
                                    "size-matched and class-stratified."),
@@ -255,7 +251,7 @@ def audit_privacy(
     min_distance: float = typer.Option(AuditConfig.min_distance, help="Verdict: fail if members' median LPIPS to "
                                        "the buffer is below this (0 disables)."),
     strict: bool = typer.Option(AuditConfig.strict, help="Exit with code 1 when the verdict is fail."),
-    seed: Optional[int] = typer.Option(None, help="Seed [default: the partition's].", show_default=False),
+    seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     device: Device = typer.Option(AuditConfig.device, help="auto (CUDA when present), cpu or cuda."),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(AuditConfig.overwrite, help="Replace existing <exp>/audit/<node> folders."),
@@ -282,10 +278,95 @@ def audit_privacy(
         raise typer.Exit(1)
 
 
-@app.command(epilog="Example: fedcli report --exp results/demo")
-def report(exp: Path = typer.Option(..., "--exp", help=EXP_HELP)) -> None:
-    """Turn an experiment's artifacts into the study's tables and figures."""
-    not_yet("report", "the report stage")
+@app.command(epilog="Example: fedcli report results/demo --metric balanced-accuracy")
+def report(
+    ctx: typer.Context,
+    folder: Optional[Path] = typer.Argument(None, help="Experiment folder (or pass --exp).", show_default=False),
+    exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
+    metric: Metric = typer.Option(ReportConfig.metric, help="Metric of the tables and figures: accuracy (the "
+                                  "study), balanced-accuracy, f1 (macro) or auroc."),
+    config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
+) -> None:
+    """Turn an experiment's artifacts into the study's tables (Markdown, CSV, LaTeX) and figures.
+
+    Writes <exp>/report/: report.md, one CSV per table, tex/*.tex (booktabs), figures/*.png.
+    Tables whose inputs are missing are listed at the end of report.md.
+    """
+    from fedcli.report.build import run
+    from fedcli.report.render import rich_table
+
+    if folder is not None and exp is not None and folder != exp:
+        raise UserError(f"two experiment folders given ({folder} and --exp {exp}); pass one")
+    if folder is not None:
+        ctx.params["exp"] = folder
+    ctx.params.pop("folder")
+    result = run(resolved_config(ctx, ReportConfig, "report"))
+    if result.headline is not None:
+        console.out.print(rich_table(result.headline))
+    console.out.print(f"wrote {result.path} ({len(result.tables)} tables; {len(result.missing)} not made, listed "
+                      "at its end)")
+
+
+@app.command(epilog="Example: fedcli run recipes/quickstart.toml --set federate.rounds=3")
+def run(
+    recipe: Path = typer.Argument(..., help="TOML recipe: [partition], [train_gan], [federate], [audit], [report], "
+                                  "optionally [sweep] and [select]."),
+    exp: Optional[Path] = typer.Option(None, "--exp", help="Experiment folder \\[default: results/<recipe name>].",
+                                       show_default=False),
+    set_: list[str] = typer.Option([], "--set", help="Repeatable table.key=value overriding the recipe, e.g. "
+                                   "federate.rounds=3 or sweep.seeds=[0,1,2]."),
+) -> None:
+    """Run a recipe's stages in order (partition, train-gan, federate, audit-privacy, report) into one folder.
+
+    A stage whose resolved config and inputs are unchanged since the last run is skipped; changing an
+    option reruns that stage and everything downstream of it. A [sweep] makes sub-experiments under
+    <exp>/runs/, sharing the stages they have in common; a [select] table picks each strategy's
+    rounds/epochs/lr/mu by cross-validation on the train folds before the final run.
+    """
+    import time
+
+    from fedcli.pipeline.recipe import Recipe
+    from fedcli.pipeline.runner import Runner
+    from fedcli.report.build import headline_table
+    from fedcli.report.render import rich_table
+
+    start = time.perf_counter()
+    runner = Runner(Recipe.load(recipe, set_), exp if exp is not None else Path("results") / recipe.stem)
+    steps = runner.run()
+    headline = headline_table(runner.report_config)
+    if headline is not None:
+        console.out.print(rich_table(headline))
+    counts = {status: sum(s.status == status for s in steps) for status in ("ran", "skipped", "shared")}
+    console.out.print(f"{counts['ran']} ran, {counts['skipped']} up to date (skipped), {counts['shared']} shared "
+                      f"with another sub-experiment; {time.perf_counter() - start:.0f} s")
+    console.out.print(f"report: {runner.exp / 'report' / 'report.md'}")
+
+
+@app.command(epilog="Example: fedcli predict --exp results/demo --strategy feder --ensemble --data-dir new_scans")
+def predict(
+    exp: Path = typer.Option(..., "--exp", help=EXP_HELP),
+    strategy: str = typer.Option(..., help="The federated strategy whose trained model(s) to apply "
+                                 "(a folder under <exp>/federate)."),
+    node: Optional[str] = typer.Option(None, help="Use this node's model (strategies with one model per node). "
+                                       "Default: the shared global/central model.", show_default=False),
+    ensemble: bool = typer.Option(False, help="Average the softmax of every node's model, as federate's "
+                                  "ensemble rows do."),
+    data_dir: Path = typer.Option(..., help="Folder of images to classify (searched recursively)."),
+    out: Optional[Path] = typer.Option(None, help="CSV to write \\[default: <exp>/predict/<strategy>_<model>.csv].",
+                                       show_default=False),
+    device: Device = typer.Option("auto", help="auto (CUDA when present), cpu or cuda."),
+    batch: int = typer.Option(64, help="Images per forward pass."),
+) -> None:
+    """Classify a folder of new images with a trained federated model.
+
+    Images are resized and converted as in training. Writes a CSV with one row per image:
+    file, predicted, predicted_index, p_<label> for each class.
+    """
+    from fedcli.predict import run
+
+    result = run(exp, strategy, data_dir, node=node, ensemble=ensemble, out=out, device=device, batch=batch)
+    console.out.print(result.summary(), markup=False, soft_wrap=True)
+    console.out.print(f"wrote {result.out}", markup=False, soft_wrap=True)
 
 
 def main() -> None:

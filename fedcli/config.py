@@ -17,6 +17,7 @@ from typing import Any, Literal
 from fedcli.errors import UserError
 
 STAGE_TABLES = ("partition", "train_gan", "federate", "audit", "report")
+RECIPE_TABLES = (*STAGE_TABLES, "sweep", "select")  # the last two: `fedcli run` only
 
 Source = Literal["digits", "tuberculosis", "isic2019", "medmnist", "folders", "csv"]
 Scheme = Literal["source", "iid", "dirichlet", "site-shift"]
@@ -71,42 +72,44 @@ def to_json(cfg) -> dict[str, Any]:
     return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
 
 
-def load_recipe(path: Path | None, stage: str, valid: list[str]) -> dict[str, Any]:
-    """The recipe's table for `stage`, keys normalised to option names with underscores."""
-    if path is None:
-        return {}
+def read_recipe(path: Path) -> dict[str, Any]:
+    """A recipe's tables, after checking the file parses and names only known tables."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"recipe {path} not found; check the --config path")
+        raise UserError(f"recipe {path} not found; check the path")
     try:
         recipe = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"recipe {path} is not valid TOML ({exc})") from exc
-    unknown_tables = sorted(set(recipe) - set(STAGE_TABLES))
+    unknown_tables = sorted(set(recipe) - set(RECIPE_TABLES))
     if unknown_tables:
-        raise UserError(f"recipe {path}: unknown table [{unknown_tables[0]}]; valid tables: {', '.join(STAGE_TABLES)}")
-    table = recipe.get(stage, {})
-    if not isinstance(table, dict):
-        raise UserError(f"recipe {path}: [{stage}] must be a table of option = value")
-    values = {key.replace("-", "_"): value for key, value in table.items()}
-    for key in values:
-        if key not in valid:
-            names = ", ".join(v.replace("_", "-") for v in valid)
-            raise UserError(f"recipe {path}: unknown key {stage}.{key.replace('_', '-')}; valid keys: {names}")
+        raise UserError(f"recipe {path}: unknown table [{unknown_tables[0]}]; valid tables: {', '.join(RECIPE_TABLES)}")
+    for name, table in recipe.items():
+        if not isinstance(table, dict):
+            raise UserError(f"recipe {path}: [{name}] must be a table of option = value")
+    return recipe
+
+
+def stage_values(cls: type, stage: str, table: dict[str, Any], origin: str) -> dict[str, Any]:
+    """A recipe table's values for `cls`, keyed by field name and checked against the field types."""
+    fields = {f.name for f in dataclasses.fields(cls)} - {"exp"}
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in fields:
+            names = ", ".join(f.name.replace("_", "-") for f in dataclasses.fields(cls) if f.name in fields)
+            raise UserError(f"{origin}: unknown key {stage}.{key}; valid keys: {names}")
+        values[name] = coerce(value, hints[name], f"{origin}: {stage}.{name.replace('_', '-')}")
     return values
 
 
 def resolve(cls: type, cli: dict[str, Any], given_on_cli: set[str], recipe_path: Path | None, stage: str):
     """Build `cls` from CLI values (winning where given), the recipe, and the defaults."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    recipe = load_recipe(recipe_path, stage, list(fields))
-    values = {}
-    for name in fields:
-        if name in recipe and name not in given_on_cli:
-            values[name] = coerce(recipe[name], hints[name], f"{stage}.{name.replace('_', '-')}")
-        else:
-            values[name] = cli[name]
+    recipe = {} if recipe_path is None else read_recipe(recipe_path).get(stage, {})
+    values = stage_values(cls, stage, recipe, f"recipe {recipe_path}")
+    values = {name: values[name] if name in values and name not in given_on_cli else cli[name]
+              for name in (f.name for f in dataclasses.fields(cls))}
     if values.get("exp") is None:
         raise UserError("no experiment folder: pass --exp DIR")
     return cls(**values)
@@ -121,19 +124,19 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
         return coerce(value, options[0], key) if len(options) == 1 else value
     if origin is tuple:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise UserError(f"recipe key {key} = {value!r} must be a list of strings")
+            raise UserError(f"{key} = {value!r} must be a list of strings")
         return tuple(value)
     if origin is Literal:
         if value not in args:
-            raise UserError(f"recipe key {key} = {value!r} is not one of {', '.join(map(str, args))}")
+            raise UserError(f"{key} = {value!r} is not one of {', '.join(map(str, args))}")
         return value
     if annotation is Path and isinstance(value, str):
-        return Path(value)
+        return Path(value).expanduser()
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if annotation in (int, float, str, bool) and type(value) is annotation:
         return value
-    raise UserError(f"recipe key {key} = {value!r} must be of type {getattr(annotation, '__name__', annotation)}")
+    raise UserError(f"{key} = {value!r} must be of type {getattr(annotation, '__name__', annotation)}")
 
 
 LpipsNet = Literal["vgg", "alex"]
@@ -290,3 +293,15 @@ class AuditConfig:
             raise UserError(f"--max-auroc must lie in [0.5, 1], got {self.max_auroc}")
         if self.min_distance < 0:
             raise UserError(f"--min-distance must be >= 0, got {self.min_distance}")
+
+
+Metric = Literal["accuracy", "balanced-accuracy", "f1", "auroc"]
+METRIC_COLUMNS = {"accuracy": "accuracy", "balanced-accuracy": "balanced_accuracy", "f1": "f1_macro", "auroc": "auroc"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    """`fedcli report`: which metric the tables and figures show (the study: accuracy)."""
+
+    exp: Path
+    metric: Metric = "accuracy"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from fedcli import __version__
 from fedcli.data.manifest import Manifest
@@ -21,13 +20,6 @@ def test_help_lists_the_five_stages_each_with_an_example(cli):
     for stage in STAGES:
         assert stage in text
         assert "Example: fedcli " + stage in cli.ok(stage, "--help").output
-
-
-@pytest.mark.parametrize("stage", STAGES[4:])
-def test_later_stages_say_not_yet_available(cli, stage, tmp_path):
-    line = cli.user_error(stage, "--exp", tmp_path / "exp")
-    assert "not yet available" in line
-    assert not (tmp_path / "exp").exists()
 
 
 def test_parser_errors_are_one_line_too(cli, tmp_path):

@@ -113,7 +113,8 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, saved: dict, see
     buffer_images = to_float(buffer["images"]).to(device)
     real_to_buffer, nearest_buffer = scores.nearest(perceptual, images, buffer_images)
     buffer_to_real, nearest_real = scores.nearest(perceptual, buffer_images, images)
-    summary = summarize(frame, is_member, real_to_buffer.cpu().numpy(), nearest_real.cpu().numpy(), cfg)
+    summary = summarize(frame, is_member, real_to_buffer.cpu().numpy(), buffer_to_real.cpu().numpy(),
+                        nearest_real.cpu().numpy(), cfg)
     summary |= {"node": node, "members": len(member_idx), "non_members": len(non_member_idx),
                 "lpips_network": perceptual.name, "lpips_calibrated": perceptual.calibrated,
                 "steps": cfg.steps, "optimize_noise": cfg.optimize_noise,
@@ -131,8 +132,8 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, saved: dict, see
     return summary
 
 
-def summarize(frame: pd.DataFrame, is_member: np.ndarray, real_to_buffer: np.ndarray, nearest_real: np.ndarray,
-              cfg: AuditConfig) -> dict:
+def summarize(frame: pd.DataFrame, is_member: np.ndarray, real_to_buffer: np.ndarray, buffer_to_real: np.ndarray,
+              nearest_real: np.ndarray, cfg: AuditConfig) -> dict:
     out: dict = {"generators": {}}
     for name, group in frame.groupby("generator", sort=False):
         members, others = group[group.member == 1], group[group.member == 0]
@@ -151,6 +152,7 @@ def summarize(frame: pd.DataFrame, is_member: np.ndarray, real_to_buffer: np.nda
         "member_nearest_lpips_median": float(np.median(real_to_buffer[is_member == 1])),
         "non_member_nearest_lpips_mean": float(real_to_buffer[is_member == 0].mean()),
         "share_nearest_is_member": float((nearest_real < n_members).mean()),
+        "synthetic_nearest_real_lpips_mean": float(buffer_to_real.mean()),
     }
     out["verdict"] = verdict(out, cfg)
     return out

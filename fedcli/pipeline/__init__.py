@@ -1,0 +1,1 @@
+"""`fedcli run`: whole recipes, sweeps and model selection over the stages."""

@@ -1,0 +1,163 @@
+"""A whole recipe for `fedcli run`: the stage tables, `--set` overrides, the `[sweep]` and the
+`[select]` grid, checked in full before any stage starts (a typo must not surface an hour in).
+
+`[sweep]` holds lists of values for stage options (`"federate.buffer-size" = [0, 512]`, or the
+nested form `federate.buffer-size = [...]`) and `seeds`, which sets every stage's seed through
+the partition's; the product of the lists is the set of sub-experiments. `[select]` holds a grid
+of federate options (rounds, epochs, lr, mu) and `folds` K for per-strategy model selection.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from fedcli.config import (RECIPE_TABLES, AuditConfig, FederateConfig, GanConfig, Metric, PartitionConfig,
+                           ReportConfig, coerce, read_recipe, stage_values)
+from fedcli.errors import UserError
+
+STAGE_CLASSES = {"partition": PartitionConfig, "train_gan": GanConfig, "federate": FederateConfig,
+                 "audit": AuditConfig, "report": ReportConfig}
+RUN_OWNED = {"exp", "overwrite", "resume"}  # set by `fedcli run` itself, never by a recipe
+SELECT_KEYS = ("rounds", "epochs", "lr", "mu")
+SELECT_ONLY_FOR = {"mu": {"fedprox"}}  # a grid key that changes nothing for other strategies collapses
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One sub-experiment of a sweep: its folder name and the option values it fixes."""
+
+    name: str
+    values: tuple[tuple[str, str, Any], ...]  # (table, field name, value)
+
+    def tables(self, base: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        tables = copy.deepcopy(base)
+        for table, name, value in self.values:
+            tables[table][name] = value
+        return tables
+
+
+@dataclasses.dataclass
+class Recipe:
+    path: Path
+    stages: dict[str, dict[str, Any]]  # table -> {field name: checked value}
+    sweep: dict[tuple[str, str], list[Any]]  # (table, field name) -> values
+    select: dict[str, Any]  # grid lists by field name, plus folds and metric
+
+    @classmethod
+    def load(cls, path: Path, sets: list[str] = ()) -> Recipe:
+        raw = read_recipe(path)
+        for item in sets:
+            apply_set(raw, item)
+        origin = f"recipe {path}"
+        stages = {}
+        for table, config in STAGE_CLASSES.items():
+            values = stage_values(config, table, raw.get(table, {}), origin)
+            owned = sorted(RUN_OWNED & set(values))
+            if owned:
+                raise UserError(f"{origin}: {table}.{owned[0]} is set by fedcli run itself; remove it from the recipe")
+            stages[table] = values
+        recipe = cls(Path(path), stages, parse_sweep(raw.get("sweep", {}), origin), parse_select(raw.get("select", {}),
+                                                                                                 origin))
+        for point in recipe.points():
+            recipe.configs(point, Path("."))  # every combination must make valid configs
+        return recipe
+
+    def points(self) -> list[Point]:
+        """The sweep's sub-experiments in a fixed order; one unnamed point without a sweep."""
+        if not self.sweep:
+            return [Point("", ())]
+        keys = list(self.sweep)
+        short = [name for _, name in keys]
+        points = []
+        for combo in itertools.product(*(self.sweep[k] for k in keys)):
+            label = ",".join(f"{(name if short.count(name) == 1 else f'{table}.{name}').replace('_', '-')}="
+                             f"{format_value(v)}" for (table, name), v in zip(keys, combo))
+            points.append(Point(label, tuple((t, n, v) for (t, n), v in zip(keys, combo))))
+        return points
+
+    def configs(self, point: Point, exp: Path) -> dict[str, Any]:
+        """Each stage's config for one sub-experiment folder."""
+        tables = point.tables(self.stages)
+        return {table: STAGE_CLASSES[table](exp=exp, **tables[table]) for table in STAGE_CLASSES}
+
+    def grid(self, strategy: str) -> list[dict[str, Any]]:
+        """The [select] grid points that make a difference to `strategy`."""
+        keys = [k for k in SELECT_KEYS if k in self.select and strategy in SELECT_ONLY_FOR.get(k, {strategy})]
+        return [dict(zip(keys, combo)) for combo in itertools.product(*(self.select[k] for k in keys))]
+
+
+def format_value(value: Any) -> str:
+    return ("-".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)).replace("/", "_")
+
+
+def apply_set(raw: dict[str, Any], item: str) -> None:
+    """`--set table.key=value`: the value is read as TOML (so 3, 0.5, true, [1, 2]), else as a string."""
+    key, sep, text = item.partition("=")
+    table, dot, name = key.strip().partition(".")
+    if not sep or not dot or not name:
+        raise UserError(f"--set {item!r} is not table.key=value (e.g. --set federate.rounds=3)")
+    if table not in RECIPE_TABLES:
+        raise UserError(f"--set {item!r}: unknown table {table}; valid tables: {', '.join(RECIPE_TABLES)}")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    raw.setdefault(table, {})[name] = value
+
+
+def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def parse_sweep(table: dict[str, Any], origin: str) -> dict[tuple[str, str], list[Any]]:
+    sweep = {}
+    for key, values in flatten(table).items():
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{origin}: sweep.{key} must be a non-empty list of values")
+        if key == "seeds":
+            stage, name = "partition", "seed"
+        else:
+            stage, _, option = key.partition(".")
+            if stage not in STAGE_CLASSES or not option:
+                raise UserError(f"{origin}: sweep key {key!r} is not table.option or seeds (e.g. \"federate.rounds\")")
+            name = option.replace("-", "_")
+        if name in RUN_OWNED or (stage, name) in sweep:
+            raise UserError(f"{origin}: sweep key {key} cannot be swept (set by fedcli run, or given twice)")
+        checked = [stage_values(STAGE_CLASSES[stage], stage, {name: v}, f"{origin} [sweep]")[name] for v in values]
+        sweep[(stage, name)] = checked
+    return sweep
+
+
+def parse_select(table: dict[str, Any], origin: str) -> dict[str, Any]:
+    if not table:
+        return {}
+    select: dict[str, Any] = {"folds": None, "metric": "accuracy"}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name == "folds":
+            select["folds"] = coerce(value, int, f"{origin}: select.folds")
+            if select["folds"] < 2:
+                raise UserError(f"{origin}: select.folds must be at least 2, got {select['folds']}")
+        elif name == "metric":
+            select["metric"] = coerce(value, Metric, f"{origin}: select.metric")
+        elif name in SELECT_KEYS:
+            if not isinstance(value, list) or not value:
+                raise UserError(f"{origin}: select.{key} must be a non-empty list (the grid's values)")
+            select[name] = [stage_values(FederateConfig, "federate", {name: v}, f"{origin} [select]")[name]
+                            for v in value]
+        else:
+            raise UserError(f"{origin}: unknown key select.{key}; valid keys: folds, metric, {', '.join(SELECT_KEYS)}")
+    if not any(k in select for k in SELECT_KEYS):
+        raise UserError(f"{origin}: [select] needs at least one grid list ({', '.join(SELECT_KEYS)})")
+    return select

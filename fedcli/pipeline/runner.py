@@ -1,0 +1,210 @@
+"""`fedcli run`: a recipe's stages in order into one experiment folder, skipping what is up to date.
+
+Units of work: partition, train-gan, one model-selection unit per (grid point, strategy), one
+federate unit per strategy, audit-privacy, and the report. A unit runs when its fingerprint
+(config + upstream fingerprints, see ledger.py) is new or its outputs changed since; otherwise
+it is skipped. Sub-experiments of a sweep live in `<exp>/runs/<key=value,...>/`; a unit whose
+fingerprint another sub-experiment already has is not rerun but linked (relative symlink), so a
+buffer-size sweep trains the GANs once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedcli import console
+from fedcli.config import METRIC_COLUMNS, FederateConfig, to_json
+from fedcli.errors import UserError
+from fedcli.fl.strategies import NEEDS_BUFFERS
+from fedcli.pipeline.ledger import Ledger, fingerprint
+from fedcli.pipeline.recipe import RUN_OWNED, Point, Recipe
+
+BUFFER_KEYS = ("buffer_size", "lam", "buffer_codec")
+
+
+@dataclasses.dataclass
+class Step:
+    point: str
+    unit: str
+    status: str  # ran, skipped, shared
+    seconds: float
+
+
+class Runner:
+    def __init__(self, recipe: Recipe, exp: Path):
+        self.recipe, self.exp = recipe, Path(exp)
+        self.owners: dict[str, Path] = {}  # fingerprint -> the folder holding that unit's output
+        self.steps: list[Step] = []
+        self.fingerprints: list[str] = []
+
+    @property
+    def report_config(self):
+        return self.recipe.configs(self.recipe.points()[0], self.exp)["report"]
+
+    def run(self) -> list[Step]:
+        for point in self.recipe.points():
+            self.run_point(point)
+        report = self.report_config
+        fp = fingerprint("report", plain(report), self.fingerprints)
+        if any(step.status == "ran" for step in self.steps):
+            Ledger(self.exp).forget("report")  # an input was remade: the report is redrawn
+        self.unit(self.exp, "", "report", fp, "report", lambda: report_run(report))
+        return self.steps
+
+    def run_point(self, point: Point) -> None:
+        folder = self.exp / "runs" / point.name if point.name else self.exp
+        folder.mkdir(parents=True, exist_ok=True)
+        Ledger(folder).set_point([list(v) for v in point.values])
+        cfgs = self.recipe.configs(point, folder)
+        part, gan, fed, audit = (cfgs[t] for t in ("partition", "train_gan", "federate", "audit"))
+        p_fp = fingerprint("partition", plain(part), [])
+        self.unit(folder, point.name, "partition", p_fp, "partition", lambda: partition_run(part))
+        g_fp = fingerprint("train-gan", plain(gan), [p_fp])
+        self.unit(folder, point.name, "train-gan", g_fp, "gan", lambda: gan_run(gan))
+        for strategy in fed.strategy:
+            upstream = [p_fp, g_fp] if strategy in NEEDS_BUFFERS else [p_fp]
+            chosen, select_fps = self.select(folder, point.name, fed, strategy, upstream, part.folds)
+            cfg = dataclasses.replace(fed, strategy=(strategy,), **chosen)
+            fp = fingerprint(f"federate:{strategy}", federate_key(cfg), upstream + select_fps)
+            self.unit(folder, point.name, f"federate {strategy}", fp, f"federate/{strategy}",
+                      lambda cfg=cfg: federate_run(cfg))
+        a_fp = fingerprint("audit-privacy", plain(audit), [p_fp, g_fp])
+        self.unit(folder, point.name, "audit-privacy", a_fp, "audit", lambda: audit_run(audit))
+
+    def select(self, folder: Path, label: str, fed: FederateConfig, strategy: str, upstream: list[str],
+               partition_folds: int) -> tuple[dict[str, Any], list[str]]:
+        """Model selection: the grid point with the best mean validation score over K train folds."""
+        if not self.recipe.select:
+            return {}, []
+        folds = self.recipe.select["folds"] or partition_folds
+        if folds > partition_folds:
+            raise UserError(f"select.folds = {folds} but the partition has {partition_folds} folds; lower "
+                            "select.folds or raise partition.folds")
+        metric = METRIC_COLUMNS[self.recipe.select["metric"]]
+        best, fps = None, []
+        for values in self.recipe.grid(strategy):
+            name = ",".join(f"{k.replace('_', '-')}={v}" for k, v in values.items()) or "default"
+            sub = folder / "select" / name
+            cfg = dataclasses.replace(fed, exp=sub, strategy=(strategy,), eval_every=values.get("rounds", fed.rounds),
+                                      **values)
+            fp = fingerprint(f"select:{strategy}", federate_key(cfg) | {"folds": folds}, upstream)
+            fps.append(fp)
+
+            def validate(cfg=cfg, sub=sub) -> None:
+                for stage_dir in ("partition", "gan"):
+                    link(sub / stage_dir, folder / stage_dir)
+                for fold in range(folds):
+                    federate_run(dataclasses.replace(cfg, fold=fold))
+            self.unit(folder, label, f"select {strategy} {name}", fp, f"select/{name}/federate/cv/{strategy}", validate)
+            score = validation_score(folder / "select" / name / "federate" / "cv" / strategy, folds, metric)
+            if best is None or score > best[0]:
+                best = (score, values)
+        console.out.print(f"{label + ': ' if label else ''}select {strategy}: "
+                          f"{', '.join(f'{k}={v}' for k, v in best[1].items()) or 'defaults'} "
+                          f"(mean validation {self.recipe.select['metric']} {best[0]:.3f} over {folds} folds)")
+        return best[1], fps
+
+    def unit(self, folder: Path, label: str, unit: str, fp: str, rel: str, action: Callable[[], Any]) -> None:
+        target = folder / rel
+        self.fingerprints.append(fp)
+        prefix = f"{label}: " if label else ""
+        owner = self.owners.get(fp)
+        if owner is not None and owner != target:
+            link(target, owner)
+            self.steps.append(Step(label, unit, "shared", 0.0))
+            console.out.print(f"{prefix}{unit}: same inputs as {os.path.relpath(owner, self.exp)}, shared")
+            return
+        self.owners[fp] = target
+        ledger = Ledger(folder)
+        if ledger.up_to_date(unit, fp, target):
+            self.steps.append(Step(label, unit, "skipped", 0.0))
+            console.out.print(f"{prefix}{unit}: up to date, skipped")
+            return
+        ledger.forget(unit)
+        remove(target)
+        console.out.print(f"{prefix}{unit}: running")
+        start = time.perf_counter()
+        action()
+        seconds = time.perf_counter() - start
+        ledger.record(unit, fp, target)
+        self.steps.append(Step(label, unit, "ran", seconds))
+        console.out.print(f"{prefix}{unit}: done in {seconds:.1f} s")
+
+
+def plain(cfg) -> dict[str, Any]:
+    return {k: v for k, v in to_json(cfg).items() if k not in RUN_OWNED}
+
+
+def federate_key(cfg: FederateConfig) -> dict[str, Any]:
+    """The options that can change one strategy's result (mu only FedProx's, buffer options only replay's)."""
+    (strategy,) = cfg.strategy
+    key = plain(cfg)
+    if strategy not in NEEDS_BUFFERS:
+        for name in BUFFER_KEYS:
+            key.pop(name)
+    if strategy != "fedprox":
+        key.pop("mu")
+    return key
+
+
+def validation_score(folder: Path, folds: int, metric: str) -> float:
+    """Mean over folds of the mean over nodes of each node's own model on its validation fold."""
+    import numpy as np
+
+    from fedcli.report.collect import load_metrics, own_scores
+
+    per_fold = [np.mean(list(own_scores(load_metrics(folder / f"fold{k}"), metric).values())) for k in range(folds)]
+    return float(np.mean(per_fold))
+
+
+def link(target: Path, source: Path) -> None:
+    """Make `target` a relative symlink to `source` (replacing what was there)."""
+    relative = os.path.relpath(source, target.parent)
+    if target.is_symlink() and os.readlink(target) == relative:
+        return
+    remove(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(relative, target_is_directory=True)
+
+
+def remove(target: Path) -> None:
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.is_dir():
+        shutil.rmtree(target)
+
+
+def partition_run(cfg) -> None:
+    from fedcli.data.partition import run
+
+    run(dataclasses.replace(cfg, overwrite=True))
+
+
+def gan_run(cfg) -> None:
+    from fedcli.gan.stage import run
+
+    run(dataclasses.replace(cfg, overwrite=True))
+
+
+def federate_run(cfg) -> None:
+    from fedcli.fl.stage import run
+
+    run(dataclasses.replace(cfg, overwrite=True))
+
+
+def audit_run(cfg) -> None:
+    from fedcli.audit.stage import run
+
+    run(dataclasses.replace(cfg, overwrite=True))
+
+
+def report_run(cfg) -> None:
+    from fedcli.report.build import run
+
+    run(cfg)

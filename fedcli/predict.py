@@ -1,0 +1,187 @@
+"""`fedcli predict`: apply a federated model to a folder of new images, one CSV row per image.
+
+New files go through the pixels path their experiment's training images took (the manifest's
+size and channels; file sources through `decode_image`, array sources through the tensor resize
+and channel conversion), then the evaluation code's `predict`, so a test image saved as a file
+gets exactly the probabilities its metrics were computed from. A node's simulated scanner
+transform is not applied: it stands in for a real scanner, and new images come from real ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from fedcli.artifacts import load_tensors, read_json, write_csv
+from fedcli.data.imagefiles import GRAY_MODES, IMAGE_SUFFIXES, decode_image, is_image_file
+from fedcli.data.loading import CHUNK, resize, to_channels
+from fedcli.data.manifest import Manifest
+from fedcli.devices import resolve_device
+from fedcli.errors import UserError
+from fedcli.fl.evaluate import predict
+from fedcli.fl.strategies import STRATEGIES
+from fedcli.layout import federate_dir
+from fedcli.models.classifier import build_classifier
+
+ARRAY_SOURCES = {"digits", "medmnist"}  # trained from in-memory arrays, resized as float tensors
+SHARED_KEYS = ("global", "central")  # strategies whose every node uses one model
+
+
+@dataclasses.dataclass
+class Prediction:
+    out: Path
+    strategy: str
+    model: str  # a node name, "ensemble", "global" or "central"
+    frame: pd.DataFrame
+
+    def summary(self) -> str:
+        counts = Counter(self.frame["predicted"])
+        labels = [c[2:] for c in self.frame.columns if c.startswith("p_")]
+        per_label = ", ".join(f"{name}: {counts[name]}" for name in labels if counts[name])
+        return f"predicted {len(self.frame)} images with {self.strategy} ({self.model}): {per_label}"
+
+
+def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensemble: bool = False,
+        out: Path | None = None, device: str = "auto", batch: int = 64) -> Prediction:
+    if node is not None and ensemble:
+        raise UserError("--node and --ensemble exclude each other; pass one of them")
+    if batch < 1:
+        raise UserError(f"--batch must be at least 1, got {batch}")
+    if strategy not in STRATEGIES:
+        raise UserError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    exp = Path(exp)
+    manifest = Manifest.load(exp)
+    folder = federate_dir(exp, strategy)
+    model_name = federate_model(exp, folder, strategy, manifest)
+    tag, keys = choose_models(folder, strategy, manifest, node, ensemble)
+    root, files = image_files(data_dir)
+    device = resolve_device(device)
+    models = [load_model(folder / "models" / f"{key}.safetensors", f"model {key} of {strategy}", model_name,
+                         manifest, device) for key in keys]
+    probs = np.concatenate([mean_probs(models, load_batch(manifest, files[i:i + CHUNK]), device, batch)
+                            for i in range(0, len(files), CHUNK)])
+    frame = table([f.relative_to(root).as_posix() for f in files], probs, manifest["label_names"])
+    out = Path(out) if out is not None else exp / "predict" / f"{strategy}_{tag}.csv"
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; give a file name such as {out / 'predictions.csv'}")
+    try:
+        write_csv(out, frame)
+    except OSError as exc:
+        raise UserError(f"cannot write {out} ({exc.strerror or exc}); choose another --out") from exc
+    return Prediction(out, strategy, tag, frame)
+
+
+def federate_model(exp: Path, folder: Path, strategy: str, manifest: Manifest) -> str:
+    """The classifier name the strategy was trained with, after checking it was trained on this partition."""
+    if not (folder / "config.json").is_file():
+        done = sorted(p.name for p in folder.parent.glob("*") if (p / "config.json").is_file())
+        have = f"federated strategies: {', '.join(done)}" if done else "no strategy has been federated yet"
+        raise UserError(f"no federate results for strategy {strategy} in {exp} ({have}); run fedcli federate "
+                        f"--exp {exp} --strategy {strategy} first")
+    meta = read_json(folder / "config.json", f"config of strategy {strategy}")
+    meta = meta if isinstance(meta, dict) else {}
+    config = meta.get("config")
+    if meta.get("stage") != "federate" or not isinstance(config, dict) or "model" not in config:
+        raise UserError(f"{folder / 'config.json'} is not a federate config; re-run fedcli federate --strategy "
+                        f"{strategy} --overwrite")
+    if (meta.get("inputs") or {}).get("manifest") != manifest.content_hash:
+        raise UserError(f"strategy {strategy} was trained on an earlier partition of {exp}; re-run fedcli federate "
+                        f"--exp {exp} --strategy {strategy} --overwrite")
+    return config["model"]
+
+
+def choose_models(folder: Path, strategy: str, manifest: Manifest, node: str | None,
+                  ensemble: bool) -> tuple[str, list[str]]:
+    """(output tag, model keys): the shared model by default; a node's, or every node's for the ensemble."""
+    keys = sorted(p.name.removesuffix(".safetensors") for p in (folder / "models").glob("*.safetensors")
+                  if not p.name.startswith("."))
+    if not keys:
+        raise UserError(f"no models in {folder / 'models'}; re-run fedcli federate --strategy {strategy} --overwrite")
+    node_keys = [n for n in manifest.node_names if n in keys]  # partition order, as evaluation averages
+    if ensemble:
+        if len(node_keys) < 2:
+            raise UserError(f"--ensemble averages node models, but {strategy} has only {', '.join(keys)}; "
+                            "drop --ensemble")
+        return "ensemble", node_keys
+    if node is not None:
+        if node not in keys:
+            raise UserError(f"{strategy} has no model {node!r}; choose --node from {', '.join(keys)}")
+        return node, [node]
+    shared = [k for k in SHARED_KEYS if k in keys]
+    if shared or len(keys) == 1:
+        return (shared or keys)[0], [(shared or keys)[0]]
+    raise UserError(f"{strategy} has one model per node; pass --node with one of {', '.join(keys)}, or --ensemble")
+
+
+def image_files(data_dir: Path) -> tuple[Path, list[Path]]:
+    """Every image under the folder (the suffixes partition reads), sorted by relative path."""
+    root = Path(data_dir)
+    if not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise UserError(f"--data-dir {root} {what}; point it at a folder of images")
+    files = sorted((p for p in root.rglob("*") if is_image_file(p)), key=lambda p: p.relative_to(root).as_posix())
+    if not files:
+        raise UserError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) under {root}; point --data-dir at "
+                        "a folder of images")
+    return root, files
+
+
+def load_model(path: Path, what: str, name: str, manifest: Manifest, device: str) -> nn.Module:
+    """A trained classifier in eval mode; the weights come only from safetensors (no pickle)."""
+    state = load_tensors(path, what)
+    model = build_classifier(name, manifest["channels"], manifest.num_classes, init_seed=0)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise UserError(f"{path} does not fit a {name} with {manifest['channels']} channels and "
+                        f"{manifest.num_classes} classes; re-run fedcli federate --overwrite") from exc
+    return model.to(device).eval()
+
+
+def mean_probs(models: list[nn.Module], images: torch.Tensor, device: str, batch: int) -> np.ndarray:
+    """Softmax probabilities; for several models their mean, as evaluation computes the ensemble."""
+    probs = [predict(model, images, device, batch) for model in models]
+    return probs[0] if len(probs) == 1 else np.mean(probs, axis=0)
+
+
+def load_batch(manifest: Manifest, paths: list[Path]) -> torch.Tensor:
+    """uint8 images (n, C, S, S), decoded in threads (PIL releases the GIL)."""
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return torch.from_numpy(np.stack(list(pool.map(lambda p: decode(manifest, p), paths))))
+
+
+def decode(manifest: Manifest, path: Path) -> np.ndarray:
+    """(C, S, S) uint8, as `fedcli.data.loading` makes a training image of this experiment's source."""
+    size, channels = manifest["image_size"], manifest["channels"]
+    if manifest["source"] not in ARRAY_SOURCES:
+        return decode_image(path, size, channels)
+    native = torch.tensor(native_pixels(path)).float().div(255).unsqueeze(0)
+    images = to_channels(resize(native, size), channels)
+    return images[0].mul(255).round_().clamp_(0, 255).to(torch.uint8).numpy()
+
+
+def native_pixels(path: Path) -> np.ndarray:
+    """(C, H, W) uint8 at the file's own size: one channel for grayscale modes, else RGB."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            array = np.asarray(image.convert("L" if image.mode in GRAY_MODES else "RGB"), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise UserError(f"image {path} is unreadable or corrupt ({exc}); replace or delete it") from exc
+    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+
+
+def table(files: list[str], probs: np.ndarray, label_names: list[str]) -> pd.DataFrame:
+    pred = probs.argmax(axis=1)
+    columns = {"file": files, "predicted": [label_names[i] for i in pred], "predicted_index": pred}
+    columns |= {f"p_{name}": probs[:, c] for c, name in enumerate(label_names)}
+    return pd.DataFrame(columns)

@@ -1,0 +1,132 @@
+"""The `report` stage: `<exp>/report/` with report.md, one CSV per table, booktabs tables in tex/,
+and figures/. A table whose inputs are missing is listed at the end with what would produce it.
+
+The report only reads artifacts, so it is redrawn in full every time (the folder is replaced).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from fedcli.artifacts import atomic_write_bytes, staged_output, write_csv
+from fedcli.config import METRIC_COLUMNS, ReportConfig
+from fedcli.report import figures, study
+from fedcli.report.collect import SubExperiment, load_experiment, replicate_groups
+from fedcli.report.render import latex, markdown, numeric
+from fedcli.report.study import Missing, ReportTable
+
+GROUP_TABLES = (study.headline, study.table2, study.table3, study.table4, study.table5, study.table7, study.table8)
+
+
+@dataclasses.dataclass
+class Report:
+    path: Path
+    headline: ReportTable | None
+    tables: list[ReportTable]
+    missing: list[Missing]
+
+
+def slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-=." else "_" for ch in text)
+
+
+class Writer:
+    """Accumulates report.md while writing each table's CSV and LaTeX files."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.lines: list[str] = []
+        self.tables: list[ReportTable] = []
+        self.missing: dict[str, Missing] = {}
+
+    def table(self, built, suffix: str = "") -> ReportTable | None:
+        if isinstance(built, Missing):
+            self.missing.setdefault(built.title, built)
+            return None
+        if suffix:
+            built = dataclasses.replace(built, key=f"{built.key}__{slug(suffix)}", title=f"{built.title} ({suffix})")
+        self.tables.append(built)
+        write_csv(self.out / f"{built.key}.csv", numeric(built))
+        atomic_write_bytes(self.out / "tex" / f"{built.key}.tex", latex(built).encode())
+        self.lines += [markdown(built), f"[csv]({built.key}.csv) · [tex](tex/{built.key}.tex)", ""]
+        return built
+
+    def figure(self, name: str, caption: str) -> None:
+        self.lines += [f"![{caption}](figures/{name})", "", f"*{caption}*", ""]
+
+    def copy_figure(self, source: Path, name: str, caption: str) -> None:
+        if source.is_file():
+            shutil.copyfile(source, self.out / "figures" / name)
+            self.figure(name, caption)
+
+
+def run(cfg: ReportConfig) -> Report:
+    subs = load_experiment(cfg.exp)
+    metric = METRIC_COLUMNS[cfg.metric]
+    groups = replicate_groups(subs)
+    first = next(iter(groups.values()))
+    with staged_output(Path(cfg.exp) / "report", overwrite=True) as out:
+        (out / "tex").mkdir()
+        (out / "figures").mkdir()
+        w = Writer(out)
+        w.lines += [f"# fedcli report: {Path(cfg.exp).resolve().name}", "",
+                    f"Metric: {cfg.metric}. {len(subs)} sub-experiment(s) in {len(groups)} group(s); numbers are "
+                    "mean ± std over seeds or folds where several exist.", ""]
+        w.lines += ["## Data and generators", ""]
+        w.table(study.partition_table(first))
+        w.copy_figure(first[0].folder / "partition" / "summary.png", "partition.png", "Example images per node")
+        w.table(study.gan_summary(first))
+        for node in first[0].nodes:
+            w.copy_figure(first[0].folder / "gan" / node / "samples.png", f"gan_{node}.png",
+                          f"Node {node}: real images and both generators' samples")
+        headline = None
+        for label, reps in groups.items():
+            w.lines += [f"## Federated learning{f' ({label})' if label else ''}", ""]
+            for builder in GROUP_TABLES:
+                made = w.table(builder(reps, metric), label)
+                if builder is study.headline and headline is None:
+                    headline = made
+            name = f"rounds{'_' + slug(label) if label else ''}.png"
+            if figures.rounds_figure(reps, metric, out / "figures" / name, f"{cfg.metric} per round {label}".strip()):
+                w.figure(name, f"{cfg.metric} per round per strategy (mean over nodes, own test sets)")
+        before = len(w.lines)
+        w.table(study.table1(subs, metric))
+        w.table(study.table6(subs, metric))
+        w.table(study.alpha_table(subs, metric))
+        if figures.scalability_figure(subs, metric, out / "figures" / "scalability.png"):
+            w.figure("scalability.png", f"Scalability: {cfg.metric} against the number of nodes")
+        else:
+            w.missing.setdefault("Scalability figure", Missing("Scalability figure", "runs with several numbers of "
+                                                               "nodes (recipes/scalability.toml)"))
+        if len(w.lines) > before:
+            w.lines[before:before] = ["## Model selection and sweeps", ""]
+        w.lines += ["## Privacy", ""]
+        for label, reps in groups.items():
+            w.table(study.privacy_table(reps), label if len(groups) > 1 else "")
+        audited = next((s for s in subs if s.audits), None)
+        if audited is not None:
+            privacy_figures(w, audited)
+        if w.missing:
+            w.lines += ["## Not in this report", ""]
+            w.lines += [f"- {m.title}: needs {m.needs}" for m in w.missing.values()] + [""]
+        atomic_write_bytes(out / "report.md", "\n".join(w.lines).encode())
+    return Report(Path(cfg.exp) / "report" / "report.md", headline, w.tables, list(w.missing.values()))
+
+
+def privacy_figures(w: Writer, sub: SubExperiment) -> None:
+    for audit in sub.audits:
+        node = audit["node"]
+        folder = sub.folder / "audit" / node
+        w.copy_figure(folder / "histogram.png", f"audit_{node}_histogram.png",
+                      f"Node {node}: projection distance of members and non-members, both generators")
+        w.copy_figure(folder / "pairs.png", f"audit_{node}_pairs.png",
+                      f"Node {node}: real images and their best projections")
+
+
+def headline_table(cfg: ReportConfig) -> ReportTable | None:
+    """The headline table (every strategy's node performance) of the first sweep group."""
+    first = next(iter(replicate_groups(load_experiment(cfg.exp)).values()))
+    built = study.headline(first, METRIC_COLUMNS[cfg.metric])
+    return None if isinstance(built, Missing) else built

@@ -1,0 +1,167 @@
+"""Read whatever artifacts an experiment folder holds, for the report. Nothing is recomputed.
+
+An experiment is its own folder plus, after a sweep, every `runs/<key=value,...>/` below it.
+Sub-experiments that differ only in their seed are replicates: the report shows mean +- std
+over them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fedcli.errors import UserError
+from fedcli.pipeline.ledger import point_values
+
+SHARED_MODELS = ("global", "central")
+SEED_KEY = "partition.seed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+    """Mean, sample std and count of a set of numbers, printed as `mean ± std` when n > 1."""
+
+    mean: float
+    std: float
+    n: int
+
+    @classmethod
+    def of(cls, values) -> Stat:
+        values = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+        if not values:
+            return cls(float("nan"), float("nan"), 0)
+        std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        return cls(float(np.mean(values)), std, len(values))
+
+    def __str__(self) -> str:
+        if self.n == 0:
+            return "-"
+        small = 0 < abs(self.mean) < 0.1  # LPIPS distances: three significant digits, not three decimals
+        mean = f"{self.mean:.3g}" if small else f"{self.mean:.3f}"
+        std = f"{self.std:.2g}" if small else f"{self.std:.3f}"
+        return f"{mean} ± {std}" if self.n > 1 else mean
+
+
+@dataclasses.dataclass
+class Run:
+    """One strategy's federate output (a final run, or one cross-validation fold)."""
+
+    strategy: str
+    fold: int | None
+    config: dict[str, Any]
+    metrics: pd.DataFrame
+    comm: pd.DataFrame | None
+    folder: Path
+
+
+@dataclasses.dataclass
+class SubExperiment:
+    folder: Path
+    point: dict[str, Any]
+    manifest: dict | None
+    runs: list[Run]
+    cv_runs: list[Run]
+    gans: list[dict]
+    audits: list[dict]
+
+    @property
+    def nodes(self) -> list[str]:
+        return [n["name"] for n in self.manifest["nodes"]] if self.manifest else []
+
+    def run(self, strategy: str) -> Run | None:
+        return next((r for r in self.runs if r.strategy == strategy), None)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.manifest or self.runs or self.cv_runs or self.gans or self.audits)
+
+
+def load_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not readable JSON ({exc}); re-run the stage that wrote it") from exc
+
+
+def load_metrics(folder: Path) -> pd.DataFrame:
+    path = Path(folder) / "metrics.csv"
+    if not path.is_file():
+        raise UserError(f"{path} is missing; re-run fedcli federate")
+    return pd.read_csv(path)
+
+
+def load_run(folder: Path) -> Run:
+    config = load_json(folder / "config.json")["config"]
+    comm = pd.read_csv(folder / "comm.csv") if (folder / "comm.csv").is_file() else None
+    return Run(config["strategy"], config.get("fold"), config, load_metrics(folder), comm, folder)
+
+
+def finished(folder: Path) -> list[Path]:
+    """Strategy folders below `folder` that a completed federate run wrote (hidden ones are work in progress)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and (p / "config.json").is_file())
+
+
+def strategy_order(name: str) -> int:
+    from fedcli.fl.strategies import STRATEGIES
+
+    return STRATEGIES.index(name) if name in STRATEGIES else len(STRATEGIES)
+
+
+def load_sub(folder: Path) -> SubExperiment:
+    manifest_path = folder / "partition" / "manifest.json"
+    manifest = load_json(manifest_path) if manifest_path.is_file() else None
+    runs = sorted((load_run(p) for p in finished(folder / "federate")), key=lambda r: strategy_order(r.strategy))
+    cv_roots = [folder / "federate" / "cv", *sorted((folder / "select").glob("*/federate/cv"))]
+    cv_runs = [load_run(fold) for root in cv_roots if root.is_dir() for strategy in sorted(root.iterdir())
+               if strategy.is_dir() and not strategy.name.startswith(".") for fold in finished(strategy)]
+    gans = [load_json(p / "config.json") for p in finished(folder / "gan")]
+    audits = [load_json(p / "summary.json") for p in finished(folder / "audit") if (p / "summary.json").is_file()]
+    return SubExperiment(folder, point_values(folder), manifest, runs, cv_runs, gans, audits)
+
+
+def load_experiment(exp: Path) -> list[SubExperiment]:
+    """The experiment's sub-experiments with artifacts; a folder with none at all is an error."""
+    exp = Path(exp)
+    if not exp.is_dir():
+        raise UserError(f"experiment folder {exp} does not exist; pass the --exp of an earlier stage")
+    subs = [load_sub(exp)] + [load_sub(p) for p in sorted((exp / "runs").glob("*")) if p.is_dir()]
+    subs = [s for s in subs if not s.empty]
+    if not subs:
+        raise UserError(f"{exp} holds no fedcli artifacts (no partition, gan, federate or audit folder); run "
+                        f"fedcli run RECIPE --exp {exp} or the stages first")
+    return subs
+
+
+def replicate_groups(subs: list[SubExperiment]) -> dict[str, list[SubExperiment]]:
+    """Sub-experiments keyed by their sweep values without the seed ('' when nothing but seeds varies)."""
+    groups: dict[str, list[SubExperiment]] = {}
+    for sub in subs:
+        label = ",".join(f"{k.split('.', 1)[1].replace('_', '-')}={v}" for k, v in sub.point.items() if k != SEED_KEY)
+        groups.setdefault(label, []).append(sub)
+    return groups
+
+
+def final_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    return metrics[metrics["round"] == metrics["round"].max()]
+
+
+def own_scores(metrics: pd.DataFrame, metric: str) -> dict[str, float]:
+    """Each node's model (or the one shared model) on that node's own test set, final round."""
+    rows = final_rows(metrics)
+    own = rows[(rows.model_node == rows.test_node) | rows.model_node.isin(SHARED_MODELS)]
+    return {str(r.test_node): float(getattr(r, metric)) for r in own.itertuples()}
+
+
+def cross_scores(metrics: pd.DataFrame, metric: str, nodes: list[str]) -> dict[str, list[float]]:
+    """For each test set: every node model's score on it, final round (node convergence)."""
+    rows = final_rows(metrics)
+    rows = rows[rows.model_node.isin(nodes)]
+    return {node: rows[rows.test_node == node][metric].astype(float).tolist() for node in nodes}

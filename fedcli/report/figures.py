@@ -1,0 +1,73 @@
+"""The report's own figures: the metric per round per strategy, and scalability (the study's Fig. 2)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from fedcli.audit.figures import pyplot
+from fedcli.report.collect import SHARED_MODELS, Stat, SubExperiment, own_scores
+
+
+def save(fig, path: Path) -> None:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    pyplot().close(fig)
+
+
+def per_round(metrics, metric: str) -> dict[int, float]:
+    """Mean over nodes of each node's own model (or the shared model) on its own test set, per round."""
+    own = metrics[(metrics.model_node == metrics.test_node) | metrics.model_node.isin(SHARED_MODELS)]
+    return {int(r): float(v) for r, v in own.groupby("round")[metric].mean().items()}
+
+
+def rounds_figure(subs: list[SubExperiment], metric: str, path: Path, title: str) -> bool:
+    plt = pyplot()
+    curves: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for sub in subs:
+        for run in sub.runs:
+            for round_, value in per_round(run.metrics, metric).items():
+                curves[run.strategy][round_].append(value)
+    if not curves:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (strategy, points) in enumerate(curves.items()):
+        xs = sorted(points)
+        means = np.array([np.mean(points[x]) for x in xs])
+        ax.plot(xs, means, marker="o", markersize=3, label=strategy, linewidth=2.2 if strategy == "feder" else 1.2,
+                linestyle="-" if i < 10 else "--")  # the colour cycle has 10 colours
+        if any(len(points[x]) > 1 for x in xs):
+            stds = np.array([np.std(points[x], ddof=1) if len(points[x]) > 1 else 0.0 for x in xs])
+            ax.fill_between(xs, means - stds, means + stds, alpha=0.15)
+    ax.set_xlabel("round (0 = before federation)")
+    ax.set_ylabel(f"{metric} (mean over nodes, own test set)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    save(fig, path)
+    return True
+
+
+def scalability_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
+    """Final mean node performance against the number of nodes, per strategy (needs >= 2 node counts)."""
+    plt = pyplot()
+    values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for sub in subs:
+        for run in sub.runs:
+            scores = own_scores(run.metrics, metric)
+            values[run.strategy][len(sub.nodes)].append(float(np.mean(list(scores.values()))))
+    if len({n for per in values.values() for n in per}) < 2:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for strategy, per in values.items():
+        xs = sorted(per)
+        stats = [Stat.of(per[x]) for x in xs]
+        ax.errorbar(xs, [s.mean for s in stats], yerr=[s.std for s in stats], marker="o", capsize=3, label=strategy)
+    ax.set_xlabel("number of nodes")
+    ax.set_ylabel(f"{metric} (mean over nodes)")
+    ax.set_title("Scalability")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, path)
+    return True

@@ -1,0 +1,345 @@
+"""The study's tables, numbered as in the FedER paper, built from collected artifacts.
+
+Each builder takes the replicates of one sweep group (or, for the tables across a sweep, every
+sub-experiment) and the metrics.csv column to show, and returns a `ReportTable`, or a `Missing`
+that says what would produce it. Cells are `Stat`s: mean +- std over seeds or folds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from fedcli.report.collect import Stat, SubExperiment, cross_scores, own_scores
+
+BASELINES = ("feder", "standalone", "central", "central-synthetic", "central-mixed")
+FEDERATED = ("feder", "fedavg", "fedprox", "fedbn")
+VARIANTS = ("feder", "feder-a", "feder-b")
+MB = 1e6
+
+
+@dataclasses.dataclass
+class ReportTable:
+    key: str  # file stem of its CSV and LaTeX files
+    title: str
+    frame: pd.DataFrame  # index: row labels; cells: Stat or str
+    note: str = ""
+    mark_best: bool = False  # bold the highest value of each Stat column
+    rows_are: str = "strategy"  # what the row labels name, when the frame's index has no name
+
+    def __post_init__(self) -> None:
+        if self.frame.index.name is None:
+            self.frame = self.frame.rename_axis(self.rows_are)
+
+
+@dataclasses.dataclass
+class Missing:
+    title: str
+    needs: str
+
+
+Built = ReportTable | Missing
+
+
+def strategies_in(subs: list[SubExperiment], wanted) -> list[str]:
+    present = {r.strategy for s in subs for r in s.runs}
+    return [name for name in wanted if name in present]
+
+
+def nodes_of(subs: list[SubExperiment]) -> list[str]:
+    return next((s.nodes for s in subs if s.nodes), [])
+
+
+def performance_cells(subs: list[SubExperiment], strategy: str, metric: str, nodes: list[str]) -> dict:
+    """Own-model score per node and the per-task mean, each a Stat over the replicates."""
+    scores = [own_scores(run.metrics, metric) for s in subs if (run := s.run(strategy)) is not None]
+    cells = {node: Stat.of([sc.get(node) for sc in scores]) for node in nodes}
+    cells["mean"] = Stat.of([np.mean([sc[n] for n in nodes if n in sc]) for sc in scores])
+    return cells
+
+
+def convergence_values(subs: list[SubExperiment], strategy: str, metric: str, nodes: list[str]) -> dict:
+    """Per test set: every node model's score, pooled over replicates."""
+    pooled: dict[str, list[float]] = defaultdict(list)
+    for s in subs:
+        if (run := s.run(strategy)) is not None:
+            for node, values in cross_scores(run.metrics, metric, nodes).items():
+                pooled[node] += values
+    return pooled
+
+
+def performance_table(key: str, title: str, subs, strategies, metric: str, mark_best: bool = False,
+                      note: str = "") -> ReportTable:
+    nodes = nodes_of(subs)
+    frame = pd.DataFrame({name: performance_cells(subs, name, metric, nodes) for name in strategies}).T
+    frame.index.name = "strategy"
+    return ReportTable(key, title, frame, note, mark_best)
+
+
+def table2(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Table 2. Node performance: FedER vs standalone and centralized training"
+    present = strategies_in(subs, BASELINES)
+    if "feder" not in present or len(present) < 2:
+        return Missing(title, "federate --strategy feder with standalone and/or central, central-synthetic, "
+                       "central-mixed")
+    return performance_table("table2_node_performance", title, subs, present, metric,
+                             note=f"{metric} of each node's final model on its own test set; mean = per-task mean")
+
+
+def table3(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Table 3. Node convergence: every node model on each node's test set"
+    present = [s for s in strategies_in(subs, ("feder", "standalone"))]
+    nodes = nodes_of(subs)
+    if "feder" not in present:
+        return Missing(title, "federate --strategy feder (and standalone to compare)")
+    rows = {}
+    for name in present:
+        pooled = convergence_values(subs, name, metric, nodes)
+        rows[name] = {node: Stat.of(pooled[node]) for node in nodes}
+    return ReportTable("table3_node_convergence", title, pd.DataFrame(rows).T,
+                       f"{metric} on each test set: mean ± std over the node models (a small std = the nodes' "
+                       "models agree)")
+
+
+def table4(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Table 4. FedER vs FedAvg, FedProx and FedBN"
+    present = strategies_in(subs, FEDERATED)
+    if "feder" not in present or len(present) < 2:
+        return Missing(title, "federate --strategy feder with fedavg, fedprox and/or fedbn")
+    return performance_table("table4_federated", title, subs, present, metric, mark_best=True,
+                             note=f"{metric} of each node's final model on its own test set; best per column in bold")
+
+
+def table5(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Table 5. Single node model vs ensemble of node models"
+    nodes = nodes_of(subs)
+    rows = {}
+    for name in dict.fromkeys(r.strategy for s in subs for r in s.runs):
+        singles: dict[str, list[float]] = defaultdict(list)
+        ensembles: dict[str, list[float]] = defaultdict(list)
+        for s in subs:
+            run = s.run(name)
+            if run is None:
+                continue
+            last = run.metrics[run.metrics["round"] == run.metrics["round"].max()]
+            for node in nodes:
+                at = last[last.test_node == node]
+                singles[node] += at[at.model_node.isin(nodes)][metric].astype(float).tolist()
+                ensembles[node] += at[at.model_node == "ensemble"][metric].astype(float).tolist()
+        if not any(ensembles.values()):
+            continue
+        row = {}
+        for node in nodes:
+            row[f"{node} single"] = Stat.of(singles[node])
+            row[f"{node} ensemble"] = Stat.of(ensembles[node])
+        row["mean single"] = Stat.of([v for node in nodes for v in singles[node]])
+        row["mean ensemble"] = Stat.of([v for node in nodes for v in ensembles[node]])
+        rows[name] = row
+    if not rows:
+        return Missing(title, "a strategy with one model per node (feder, standalone, fedbn, ...)")
+    return ReportTable("table5_ensemble", title, pd.DataFrame(rows).T,
+                       f"{metric} per test set; single = mean ± std over node models, ensemble = mean softmax of "
+                       "the node models")
+
+
+def table6(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Table 6. Buffer-size ablation: FedER node convergence per buffer size"
+    nodes = nodes_of(subs)
+    by_size: dict[int, list[SubExperiment]] = defaultdict(list)
+    for s in subs:
+        if (run := s.run("feder")) is not None:
+            by_size[int(run.config.get("buffer_size") or 0)].append(s)
+    if len(by_size) < 2:
+        return Missing(title, "FedER runs with several buffer sizes (recipes/buffer-ablation.toml)")
+    rows = {}
+    for size in sorted(by_size):
+        pooled = convergence_values(by_size[size], "feder", metric, nodes)
+        row = {node: Stat.of(pooled[node]) for node in nodes}
+        row["mean"] = Stat.of([np.mean(pooled[node]) for node in nodes])
+        rows[f"buffer {size}"] = row
+    return ReportTable("table6_buffer_size", title, pd.DataFrame(rows).T,
+                       f"{metric} on each test set, mean ± std over node models (and seeds); buffer 0 = model "
+                       "passing without replay", rows_are="buffer")
+
+
+def table7(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Table 7. FedER vs FedER-A vs FedER-B"
+    present = strategies_in(subs, VARIANTS)
+    if "feder" not in present or len(present) < 2:
+        return Missing(title, "federate --strategy feder with feder-a and/or feder-b (recipes/privacy-variants.toml)")
+    nodes = nodes_of(subs)
+    rows = {}
+    for name in present:
+        row = performance_cells(subs, name, metric, nodes)
+        pooled = convergence_values(subs, name, metric, nodes)
+        row["convergence"] = Stat.of([np.mean(pooled[n]) for n in nodes])
+        row["model spread"] = Stat.of([np.std(pooled[n], ddof=1) for n in nodes if len(pooled[n]) > 1])
+        rows[name] = row
+    return ReportTable("table7_variants", title, pd.DataFrame(rows).T,
+                       f"node columns and mean: {metric} of each node's model on its own test set; convergence: mean "
+                       "over test sets of the node models' mean; model spread: mean over test sets of their std")
+
+
+def table8(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Table 8. Communication per node (measured bytes), by strategy"
+    nodes = nodes_of(subs)
+    rows = {}
+    for name in dict.fromkeys(r.strategy for s in subs for r in s.runs):
+        per_rep = defaultdict(list)
+        for s in subs:
+            run = s.run(name)
+            if run is None or run.comm is None:
+                continue
+            comm, n = run.comm, len(nodes)
+            rounds = int(run.config.get("rounds") or 1)
+            sent = comm[comm.sender.isin(nodes)].bytes.sum() / n
+            received = comm[comm.receiver.isin(nodes)].bytes.sum() / n
+            per_rep["sent/node (MB)"].append(sent / MB)
+            per_rep["received/node (MB)"].append(received / MB)
+            for kind in ("model", "buffer", "global-model", "eval"):
+                per_rep[f"{kind} (MB)"].append(comm[comm.kind == kind].bytes.sum() / n / MB)
+            per_rep["sent/node/round (MB)"].append(sent / rounds / MB)
+        if per_rep:
+            rows[name] = {k: Stat.of(v) for k, v in per_rep.items()}
+    if not rows:
+        return Missing(title, "federate runs (comm.csv)")
+    frame = pd.DataFrame(rows).T
+    frame = frame[[c for c in frame.columns if any(cell.mean > 0 for cell in frame[c])] or frame.columns[:1]]
+    return ReportTable("table8_communication", title, frame,
+                       "bytes as measured on the transport, per node: model = model passing, global-model = server "
+                       "to node, eval = cross-evaluation traffic; centralized training moves raw data and is not "
+                       "counted")
+
+
+def table1(subs: list[SubExperiment], metric: str) -> Built:
+    """Cross-validation grid (rounds x epochs, plus lr and mu where they vary), mean ± std over folds."""
+    title = "Table 1. Model selection grid: cross-validation per node"
+    runs = [(s, r) for s in subs for r in s.cv_runs]
+    if not runs:
+        return Missing(title, "cross-validation runs: a [select] table in the recipe, or federate --cv")
+    nodes = nodes_of(subs)
+    keys = [k for k in ("rounds", "epochs", "lr", "mu") if len({r.config.get(k) for _, r in runs}) > 1] or \
+        ["rounds", "epochs"]
+    cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for _, r in runs:
+        label = (r.strategy, *(r.config.get(k) if k != "mu" or r.strategy == "fedprox" else "-" for k in keys))
+        scores = own_scores(r.metrics, metric)
+        for node in nodes:
+            cells[label][node].append(scores.get(node))
+        cells[label]["mean"].append(np.mean([scores[n] for n in nodes if n in scores]))
+    index = pd.MultiIndex.from_tuples(list(cells), names=["strategy", *keys])
+    frame = pd.DataFrame([{c: Stat.of(v) for c, v in row.items()} for row in cells.values()], index=index)
+    best = {}
+    for label in cells:
+        score = frame.loc[label, "mean"].mean
+        if label[0] not in best or score > best[label[0]][0]:
+            best[label[0]] = (score, label)
+    frame["chosen"] = ["yes" if best[label[0]][1] == label else "" for label in frame.index]
+    return ReportTable("table1_selection_grid", title, frame.reset_index().set_index("strategy"),
+                       f"{metric} of each node's model on its held-out train fold, mean ± std over folds; chosen = "
+                       "the best mean per strategy, then trained on the whole train split and tested once")
+
+
+def privacy_table(subs: list[SubExperiment]) -> Built:
+    title = "Privacy summary per node: standard vs privacy-preserving GAN"
+    audits = [a for s in subs for a in s.audits]
+    if not audits:
+        return Missing(title, "fedcli audit-privacy")
+    rows = {}
+    for node in dict.fromkeys(a["node"] for a in audits):
+        mine = [a for a in audits if a["node"] == node]
+        std = [a["generators"]["standard"] for a in mine]
+        priv = [a["generators"]["privacy"] for a in mine]
+        rows[node] = {
+            "LPIPS std": Stat.of([g["member_lpips_mean"] for g in std]),
+            "LPIPS priv": Stat.of([g["member_lpips_mean"] for g in priv]),
+            "AUROC std": Stat.of([g["mia_lpips"]["auroc"] for g in std]),
+            "AUROC priv": Stat.of([g["mia_lpips"]["auroc"] for g in priv]),
+            "buffer nearest-member share": Stat.of([a["buffer"]["share_nearest_is_member"] for a in mine]),
+            "verdict": ", ".join(sorted({a["verdict"]["result"] for a in mine})),
+        }
+    network = audits[0].get("lpips_network", "lpips")
+    return ReportTable("privacy_summary", title, pd.DataFrame(rows).T,
+                       f"LPIPS[{network}] of the best latent projection of member (train) images (higher = the "
+                       "generator cannot rebuild them); membership AUROC from that distance (0.5 = no leak). "
+                       "Empirical attack scores, not a formal privacy guarantee", rows_are="node")
+
+
+def partition_table(subs: list[SubExperiment]) -> Built:
+    title = "Partition summary"
+    sub = next((s for s in subs if s.manifest), None)
+    if sub is None:
+        return Missing(title, "fedcli partition")
+    manifest = sub.manifest
+    rows = {}
+    for node in manifest["nodes"]:
+        counts = {split: defaultdict(int) for split in ("train", "test")}
+        for split in counts:
+            for record in node[split]:
+                counts[split][record["label"]] += 1
+        rows[node["name"]] = {"site": node.get("site", ""), "train": sum(counts["train"].values()),
+                              "test": sum(counts["test"].values()),
+                              "classes": f"{len(counts['train'])}/{len(manifest['label_names'])}",
+                              "smallest class (train)": min(counts["train"].values()) if counts["train"] else 0}
+    skew = (manifest.get("statistics") or {}).get("label_skew_js")
+    return ReportTable("partition_summary", title, pd.DataFrame(rows).T,
+                       f"{manifest['source']}, scheme {manifest['scheme']}, {manifest['image_size']} px, seed "
+                       f"{manifest['seed']}; label skew (mean pairwise Jensen-Shannon distance) {skew}",
+                       rows_are="node")
+
+
+def gan_summary(subs: list[SubExperiment]) -> Built:
+    title = "GAN summary per node"
+    gans = [g for s in subs for g in s.gans]
+    if not gans:
+        return Missing(title, "fedcli train-gan")
+    rows = {}
+    for node in dict.fromkeys(g["node"] for g in gans):
+        mine = [g for g in gans if g["node"] == node]
+        rows[node] = {"FID standard": Stat.of([g["phase1"]["fid"] for g in mine]),
+                      "FID privacy": Stat.of([g["phase2"]["fid"] for g in mine]),
+                      "iterations": f"{mine[0]['phase1']['iterations']} + {mine[0]['phase2']['iterations']}",
+                      "buffer": str(mine[0]["buffer"]["size"])}
+    return ReportTable("gan_summary", title, pd.DataFrame(rows).T,
+                       f"{gans[0]['metric_names']['fid']}; the privacy generator trades FID for distance to the "
+                       "real images", rows_are="node")
+
+
+def headline(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Every strategy: node performance"
+    present = list(dict.fromkeys(r.strategy for s in subs for r in s.runs))
+    if not present:
+        return Missing(title, "fedcli federate")
+    return performance_table("headline", title, subs, present, metric, mark_best=True,
+                             note=f"{metric} of each node's final model on its own test set; best per column in bold")
+
+
+def alpha_table(subs: list[SubExperiment], metric: str) -> Built:
+    """Per privacy-loss weight: FID, synthetic-to-nearest-real LPIPS, membership AUROC, FedER accuracy."""
+    title = "GAN privacy weight alpha: fidelity against distance to the real images"
+    by_alpha: dict[float, list[SubExperiment]] = defaultdict(list)
+    for s in subs:
+        alphas = {g["config"]["alpha"] for g in s.gans}
+        if len(alphas) == 1:
+            by_alpha[alphas.pop()].append(s)
+    if len(by_alpha) < 2:
+        return Missing(title, "train-gan runs with several --alpha values (recipes/gan-alpha.toml)")
+    nodes = nodes_of(subs)
+    rows = {}
+    for alpha in sorted(by_alpha):
+        reps = by_alpha[alpha]
+        audits = [a for s in reps for a in s.audits]
+        rows[f"alpha {alpha:g}"] = {
+            "FID": Stat.of([g["phase2"]["fid"] for s in reps for g in s.gans]),
+            "nearest-real LPIPS": Stat.of([a["buffer"].get("synthetic_nearest_real_lpips_mean") for a in audits]),
+            "AUROC priv": Stat.of([a["generators"]["privacy"]["mia_lpips"]["auroc"] for a in audits]),
+            f"FedER {metric}": performance_cells(reps, "feder", metric, nodes)["mean"],
+        }
+    fid_name = next(g for s in subs for g in s.gans)["metric_names"]["fid"]
+    return ReportTable("gan_alpha", title, pd.DataFrame(rows).T,
+                       f"{fid_name} of the privacy-preserving generator and the mean LPIPS of each synthetic image to "
+                       "its nearest real one (mean ± std over nodes and seeds); alpha 0 = a standard GAN",
+                       rows_are="alpha")

@@ -1,0 +1,634 @@
+"""The report stage against hand-made artifacts: every number below is known in advance.
+
+No training: each experiment folder is written directly (manifest, metrics.csv, comm.csv,
+config.json, GAN configs, audit summaries, sweep ledgers) with the formats the stages write.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from statistics import stdev
+
+import pandas as pd
+import pytest
+
+from fedcli.config import METRIC_COLUMNS, ReportConfig
+from fedcli.report import build, figures, study
+from fedcli.report.collect import Stat, load_experiment, replicate_groups
+from fedcli.report.render import latex, markdown, numeric
+
+NODES = ("n0", "n1")
+# Each metric is a fixed multiple of the accuracy given, so a table in another metric is predictable.
+SCALE = {"accuracy": 1.0, "balanced_accuracy": 0.5, "f1_macro": 0.25, "auroc": 0.1}
+COLUMNS = ["round", "strategy", "model_node", "test_node", "n_test"] + [
+    f"{m}{suffix}" for m in SCALE for suffix in ("", "_lo", "_hi")]
+# Rounds before the last get these values in turn, far from every final one: using them shows.
+EARLIER = (0.1, 0.99)
+MB = 1e6
+
+
+# ---------------------------------------------------------------------------------------------
+# Artifact writers
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def write_manifest(folder: Path, seed: int = 0, skew: float = 0.25) -> None:
+    """n0: train labels [0, 0, 1], test [0, 1]; n1: train [1, 1, 1], test [1]."""
+    layout = {"n0": ([0, 0, 1], [0, 1]), "n1": ([1, 1, 1], [1])}
+    nodes = [{"name": name, "site": f"site-{name}", "acquisition": {"name": "none"},
+              "train": [{"id": f"{name}-tr{i}", "label": label, "index": i, "fold": i % 2}
+                        for i, label in enumerate(train)],
+              "test": [{"id": f"{name}-te{i}", "label": label, "index": 100 + i} for i, label in enumerate(test)]}
+             for name, (train, test) in layout.items()]
+    write_json(folder / "partition" / "manifest.json", {
+        "schema": "fedcli.manifest/1", "source": "digits", "scheme": "site-shift", "seed": seed, "image_size": 16,
+        "channels": 1, "label_names": ["neg", "pos"], "test_fraction": 0.2, "folds": 2, "nodes": nodes,
+        "statistics": {"label_skew_js": skew, "label_skew_ks": None}})
+
+
+def write_metrics(folder: Path, strategy: str, final: dict[tuple[str, str], float], rounds: int) -> None:
+    """metrics.csv with rounds 0..rounds; `final` maps (model_node, test_node) to the last round's accuracy."""
+    rows = []
+    for round_ in range(rounds + 1):
+        for (model, test), acc in final.items():
+            acc = acc if round_ == rounds else EARLIER[round_ % len(EARLIER)]
+            row = {"round": round_, "strategy": strategy, "model_node": model, "test_node": test, "n_test": 20}
+            for metric, scale in SCALE.items():
+                value = acc * scale
+                row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = value, value - 0.01, value + 0.01
+            rows.append(row)
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(folder / "metrics.csv", index=False)
+
+
+def write_run(folder: Path, strategy: str, final: dict, rounds: int = 2, epochs: int = 1, fold: int | None = None,
+              buffer_size: int | None = None, comm: list[tuple] | None = None) -> None:
+    """One strategy's federate output folder (final run or cross-validation fold)."""
+    write_metrics(folder, strategy, final, rounds)
+    config = {"exp": "x", "rounds": rounds, "epochs": epochs, "lr": 0.001, "mu": 0.01, "buffer_size": buffer_size,
+              "fold": fold, "cv": fold is not None, "seed": 0, "strategy": strategy, "inputs": {}}
+    write_json(folder / "config.json", {"stage": "federate", "fedcli_version": "0.1.0", "seed": 0, "config": config,
+                                        "inputs": {}})
+    if comm is not None:
+        pd.DataFrame(comm, columns=["round", "sender", "receiver", "kind", "bytes"]).to_csv(folder / "comm.csv",
+                                                                                         index=False)
+
+
+def write_gan(folder: Path, node: str, fid1: float, fid2: float, alpha: float = 1.0) -> None:
+    write_json(folder / "gan" / node / "config.json", {
+        "stage": "train-gan", "config": {"alpha": alpha}, "node": node,
+        "metric_names": {"fid": "fid[alex-random]"}, "phase1": {"fid": fid1, "iterations": 400, "stopped": "cap"},
+        "phase2": {"fid": fid2, "iterations": 100, "stopped": "cap"}, "buffer": {"size": 512}})
+
+
+def write_audit(folder: Path, node: str, lpips_std: float, lpips_priv: float, auroc_std: float, auroc_priv: float,
+                share: float, verdict: str) -> None:
+    write_json(folder / "audit" / node / "config.json", {"stage": "audit-privacy", "config": {}})
+    write_json(folder / "audit" / node / "summary.json", {
+        "generators": {"standard": {"member_lpips_mean": lpips_std, "mia_lpips": {"auroc": auroc_std}},
+                       "privacy": {"member_lpips_mean": lpips_priv, "mia_lpips": {"auroc": auroc_priv}}},
+        "buffer": {"share_nearest_is_member": share}, "verdict": {"result": verdict}, "node": node,
+        "lpips_network": "alex-random"})
+
+
+def write_point(folder: Path, *point: tuple) -> None:
+    write_json(folder / ".fedcli-run.json", {"units": {}, "point": [list(p) for p in point]})
+
+
+def own_cross(own: dict[str, float], cross: dict[tuple[str, str], float], ensemble: dict | None = None) -> dict:
+    """(model, test) -> accuracy from each node's own score, its cross scores and the ensemble's."""
+    cells = {(node, node): v for node, v in own.items()} | dict(cross)
+    return cells | {("ensemble", test): v for test, v in (ensemble or {}).items()}
+
+
+def shared(name: str, values: dict[str, float]) -> dict:
+    return {(name, test): v for test, v in values.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The experiments
+
+# Final-round accuracies of the single experiment. Own-model scores per strategy:
+#   feder .80 .90 (mean .85) | feder-a .70 .80 (.75) | fedavg .90 .50 (.70) | standalone .75 .85 (.80)
+#   central .60 .70 (.65)
+FEDER = own_cross({"n0": 0.8, "n1": 0.9}, {("n0", "n1"): 0.6, ("n1", "n0"): 0.7}, {"n0": 0.85, "n1": 0.95})
+FEDER_A = own_cross({"n0": 0.7, "n1": 0.8}, {("n0", "n1"): 0.5, ("n1", "n0"): 0.6})
+STANDALONE = own_cross({"n0": 0.75, "n1": 0.85}, {("n0", "n1"): 0.4, ("n1", "n0"): 0.3})
+FEDAVG = shared("global", {"n0": 0.9, "n1": 0.5})
+CENTRAL = shared("central", {"n0": 0.6, "n1": 0.7})
+
+# feder, 2 rounds: 5 MB sent by the nodes (4 MB models, 1 MB buffers), the same received.
+FEDER_COMM = [(1, "n0", "n1", "model", 1_000_000), (1, "n0", "n1", "buffer", 500_000),
+              (1, "n1", "n0", "model", 1_000_000), (1, "n1", "n0", "buffer", 500_000),
+              (2, "n0", "n1", "model", 1_000_000), (2, "n1", "n0", "model", 1_000_000)]
+# fedavg, 1 round: each node sends its 1 MB model and receives a 2 MB global model.
+FEDAVG_COMM = [(1, "server", "n0", "global-model", 2_000_000), (1, "server", "n1", "global-model", 2_000_000),
+               (1, "n0", "server", "model", 1_000_000), (1, "n1", "server", "model", 1_000_000)]
+
+
+def make_single(exp: Path) -> Path:
+    """One experiment: partition, GANs, audits, five strategies, and cross-validation folds."""
+    write_manifest(exp)
+    fed = exp / "federate"
+    write_run(fed / "feder", "feder", FEDER, rounds=2, buffer_size=20, comm=FEDER_COMM)
+    write_run(fed / "feder-a", "feder-a", FEDER_A, rounds=2, buffer_size=20)
+    write_run(fed / "standalone", "standalone", STANDALONE, rounds=1)
+    write_run(fed / "fedavg", "fedavg", FEDAVG, rounds=1, comm=FEDAVG_COMM)
+    write_run(fed / "central", "central", CENTRAL, rounds=1, comm=[])
+    # Cross-validation (the layout federate --cv and the runner's [select] write): own-model scores per fold.
+    cv = [(fed / "cv", "feder", 2, 1, [{"n0": 0.6, "n1": 0.8}, {"n0": 0.7, "n1": 0.9}]),
+          (fed / "cv", "fedavg", 2, 1, [{"n0": 0.5, "n1": 0.6}, {"n0": 0.7, "n1": 0.4}]),
+          (exp / "select" / "rounds=4,epochs=2" / "federate" / "cv", "feder", 4, 2,
+           [{"n0": 0.9, "n1": 0.7}, {"n0": 0.8, "n1": 1.0}])]
+    for root, strategy, rounds, epochs, folds in cv:
+        for k, own in enumerate(folds):
+            cells = shared("global", own) if strategy == "fedavg" else own_cross(own, {("n0", "n1"): 0.0})
+            write_run(root / strategy / f"fold{k}", strategy, cells, rounds=rounds, epochs=epochs, fold=k)
+    write_gan(exp, "n0", 50.0, 60.0)
+    write_gan(exp, "n1", 40.0, 70.0)
+    write_audit(exp, "n0", 0.01, 0.05, 0.70, 0.52, 0.50, "pass")
+    write_audit(exp, "n1", 0.02, 0.06, 0.65, 0.55, 0.45, "fail")
+    return exp
+
+
+def make_seeds(exp: Path) -> Path:
+    """A seed sweep: runs/seed=0 and runs/seed=1, feder and standalone in each, one audit each."""
+    write_json(exp / ".fedcli-run.json", {"units": {}})
+    per_seed = {
+        0: (own_cross({"n0": 0.8, "n1": 0.6}, {("n0", "n1"): 0.5, ("n1", "n0"): 0.4}),
+            own_cross({"n0": 0.7, "n1": 0.5}, {("n0", "n1"): 0.2, ("n1", "n0"): 0.3}), 0.05, "pass"),
+        1: (own_cross({"n0": 0.7, "n1": 0.9}, {("n0", "n1"): 0.3, ("n1", "n0"): 0.6}),
+            own_cross({"n0": 0.9, "n1": 0.7}, {("n0", "n1"): 0.2, ("n1", "n0"): 0.3}), 0.07, "fail"),
+    }
+    for seed, (feder, standalone, lpips_priv, verdict) in per_seed.items():
+        sub = exp / "runs" / f"seed={seed}"
+        write_point(sub, ("partition", "seed", seed))
+        write_manifest(sub, seed=seed)
+        write_run(sub / "federate" / "feder", "feder", feder, rounds=2, buffer_size=20)
+        write_run(sub / "federate" / "standalone", "standalone", standalone, rounds=2)
+        write_audit(sub, "n0", 0.01, lpips_priv, 0.6, 0.5, 0.5, verdict)
+    return exp
+
+
+def make_buffers(exp: Path) -> Path:
+    """A buffer-size sweep: 0 (one seed) and 20 (seeds 0 and 1), FedER only."""
+    subs = [("buffer-size=0", [("federate", "buffer_size", 0)], 0,
+             {("n0", "n0"): 0.5, ("n1", "n0"): 0.3, ("n0", "n1"): 0.2, ("n1", "n1"): 0.6}),
+            ("buffer-size=20", [("federate", "buffer_size", 20)], 20,
+             {("n0", "n0"): 0.8, ("n1", "n0"): 0.7, ("n0", "n1"): 0.6, ("n1", "n1"): 0.9}),
+            ("buffer-size=20,seed=1", [("federate", "buffer_size", 20), ("partition", "seed", 1)], 20,
+             {("n0", "n0"): 0.9, ("n1", "n0"): 0.5, ("n0", "n1"): 0.4, ("n1", "n1"): 0.7})]
+    for name, point, size, cells in subs:
+        sub = exp / "runs" / name
+        write_point(sub, *point)
+        write_manifest(sub)
+        write_run(sub / "federate" / "feder", "feder", cells, rounds=2, buffer_size=size)
+    return exp
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    return make_single(tmp_path_factory.mktemp("single") / "exp")
+
+
+@pytest.fixture(scope="module")
+def single_report(single) -> build.Report:
+    return build.run(ReportConfig(exp=single))
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory) -> Path:
+    return make_seeds(tmp_path_factory.mktemp("seeds") / "exp")
+
+
+@pytest.fixture(scope="module")
+def seeds_report(seeds) -> build.Report:
+    return build.run(ReportConfig(exp=seeds))
+
+
+@pytest.fixture(scope="module")
+def buffers(tmp_path_factory) -> Path:
+    return make_buffers(tmp_path_factory.mktemp("buffers") / "exp")
+
+
+@pytest.fixture(scope="module")
+def buffers_report(buffers) -> build.Report:
+    return build.run(ReportConfig(exp=buffers))
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for the assertions
+
+
+def cell(table: study.ReportTable, row: str, column: str) -> Stat:
+    value = table.frame.loc[row, column]
+    assert isinstance(value, Stat), (row, column, value)
+    return value
+
+
+def means(table: study.ReportTable) -> dict[str, dict[str, float]]:
+    """{row: {column: mean}} of every Stat cell."""
+    return {str(row): {str(c): v.mean for c, v in cells.items() if isinstance(v, Stat)}
+            for row, cells in table.frame.iterrows()}
+
+
+def assert_means(table: study.ReportTable, expected: dict[str, dict[str, float]]) -> None:
+    got = means(table)
+    assert list(got) == list(expected)
+    for row, values in expected.items():
+        assert got[row] == pytest.approx(values), row
+
+
+def assert_stat(value: Stat, mean: float, std: float, n: int) -> None:
+    assert value.n == n
+    assert value.mean == pytest.approx(mean, abs=1e-12)
+    assert value.std == pytest.approx(std, abs=1e-12)
+
+
+def built(result) -> study.ReportTable:
+    assert isinstance(result, study.ReportTable), result
+    return result
+
+
+def read_csv(report: build.Report, key: str) -> pd.DataFrame:
+    return pd.read_csv(report.path.parent / f"{key}.csv")
+
+
+# ---------------------------------------------------------------------------------------------
+# Node performance: Table 2, Table 4, the headline
+
+
+def test_table2_own_model_at_final_round_and_shared_models(single):
+    table = built(study.table2(load_experiment(single), "accuracy"))
+    assert list(table.frame.index) == ["feder", "standalone", "central"]
+    assert list(table.frame.columns) == ["n0", "n1", "mean"]
+    assert_means(table, {
+        "feder": {"n0": 0.8, "n1": 0.9, "mean": 0.85},
+        "standalone": {"n0": 0.75, "n1": 0.85, "mean": 0.8},
+        "central": {"n0": 0.6, "n1": 0.7, "mean": 0.65},  # the one central model on each test set
+    })
+    for row in table.frame.index:
+        for column in table.frame.columns:
+            assert cell(table, row, column).n == 1 and cell(table, row, column).std == 0.0
+
+
+def test_table4_compares_federated_strategies_with_the_global_model(single):
+    table = built(study.table4(load_experiment(single), "accuracy"))
+    assert list(table.frame.index) == ["feder", "fedavg"]
+    assert means(table)["fedavg"] == pytest.approx({"n0": 0.9, "n1": 0.5, "mean": 0.7})
+    assert means(table)["feder"] == pytest.approx({"n0": 0.8, "n1": 0.9, "mean": 0.85})
+
+
+def test_headline_has_every_strategy(single):
+    table = built(study.headline(load_experiment(single), "accuracy"))
+    assert list(table.frame.index) == ["feder", "feder-a", "fedavg", "standalone", "central"]
+    assert {row: m["mean"] for row, m in means(table).items()} == pytest.approx(
+        {"feder": 0.85, "feder-a": 0.75, "fedavg": 0.7, "standalone": 0.8, "central": 0.65})
+
+
+@pytest.mark.parametrize("choice", list(METRIC_COLUMNS))
+def test_metric_choice_picks_its_column(single, choice):
+    metric = METRIC_COLUMNS[choice]
+    scale = SCALE[metric]
+    table = built(study.table2(load_experiment(single), metric))
+    assert means(table)["feder"] == pytest.approx({"n0": 0.8 * scale, "n1": 0.9 * scale, "mean": 0.85 * scale})
+    assert means(table)["central"] == pytest.approx({"n0": 0.6 * scale, "n1": 0.7 * scale, "mean": 0.65 * scale})
+
+
+def test_balanced_accuracy_report_shows_balanced_accuracy(tmp_path):
+    exp = make_single(tmp_path / "exp")
+    report = build.run(ReportConfig(exp=exp, metric="balanced-accuracy"))
+    frame = read_csv(report, "table2_node_performance").set_index("strategy")
+    assert frame.loc["feder", "n0"] == pytest.approx(0.4)
+    assert frame.loc["feder", "mean"] == pytest.approx(0.425)
+    assert frame.loc["central", "n1"] == pytest.approx(0.35)
+    assert "Metric: balanced-accuracy" in report.path.read_text()
+    assert "balanced_accuracy of each node's final model" in report.path.read_text()
+
+
+def test_rounds_figure_curve_uses_every_round(single):
+    subs = load_experiment(single)
+    feder = subs[0].run("feder").metrics
+    # own models only (not the cross scores, not the ensemble): rounds 0 and 1 are EARLIER, round 2 final
+    assert figures.per_round(feder, "accuracy") == pytest.approx({0: 0.1, 1: 0.99, 2: 0.85})
+    assert figures.per_round(subs[0].run("fedavg").metrics, "accuracy") == pytest.approx({0: 0.1, 1: 0.7})
+
+
+# ---------------------------------------------------------------------------------------------
+# Replicates
+
+
+def test_replicates_give_mean_and_sample_std(seeds):
+    subs = load_experiment(seeds)
+    assert [s.folder.name for s in subs] == ["seed=0", "seed=1"]  # the sweep root holds no artifacts
+    assert list(replicate_groups(subs)) == [""]
+    table = built(study.table2(subs, "accuracy"))
+    assert_stat(cell(table, "feder", "n0"), 0.75, stdev([0.8, 0.7]), 2)
+    assert_stat(cell(table, "feder", "n1"), 0.75, stdev([0.6, 0.9]), 2)
+    assert_stat(cell(table, "feder", "mean"), 0.75, stdev([0.7, 0.8]), 2)  # mean over seeds of per-task means
+    assert_stat(cell(table, "standalone", "n0"), 0.8, stdev([0.7, 0.9]), 2)
+    assert_stat(cell(table, "standalone", "mean"), 0.7, stdev([0.6, 0.8]), 2)
+    assert stdev([0.8, 0.7]) == pytest.approx(0.0707107, abs=1e-6)  # sample std (ddof=1), not population
+    assert str(cell(table, "feder", "n0")) == "0.750 ± 0.071"
+    assert str(cell(table, "feder", "n1")) == "0.750 ± 0.212"
+
+
+def test_replicates_in_report_md_csv_and_tex(seeds_report):
+    text = seeds_report.path.read_text()
+    assert "| feder | 0.750 ± 0.071 | 0.750 ± 0.212 | 0.750 ± 0.071 |" in text
+    assert "2 sub-experiment(s) in 1 group(s)" in text
+    frame = read_csv(seeds_report, "table2_node_performance").set_index("strategy")
+    assert frame.loc["feder", "n0"] == pytest.approx(0.75)
+    assert frame.loc["feder", "n0_std"] == pytest.approx(stdev([0.8, 0.7]))
+    assert frame.loc["feder", "n0_n"] == 2
+    tex = (seeds_report.path.parent / "tex" / "table2_node_performance.tex").read_text()
+    assert r"feder & 0.750 $\pm$ 0.071 & 0.750 $\pm$ 0.212 & 0.750 $\pm$ 0.071 \\" in tex
+
+
+def test_table3_pools_node_models_over_replicates(seeds):
+    table = built(study.table3(load_experiment(seeds), "accuracy"))
+    # on n0's test set: n0's and n1's models, both seeds; likewise n1
+    assert_stat(cell(table, "feder", "n0"), 0.625, stdev([0.8, 0.4, 0.7, 0.6]), 4)
+    assert_stat(cell(table, "feder", "n1"), 0.575, stdev([0.5, 0.6, 0.3, 0.9]), 4)
+
+
+def test_privacy_table_over_replicates(seeds):
+    table = built(study.privacy_table(load_experiment(seeds)))
+    assert_stat(cell(table, "n0", "LPIPS priv"), 0.06, stdev([0.05, 0.07]), 2)
+    assert table.frame.loc["n0", "verdict"] == "fail, pass"
+
+
+# ---------------------------------------------------------------------------------------------
+# Table 3, best marking, Tables 5, 7, 8, 1, privacy, partition, GAN
+
+
+def test_table3_convergence_mean_and_std_over_node_models(single):
+    table = built(study.table3(load_experiment(single), "accuracy"))
+    assert list(table.frame.index) == ["feder", "standalone"]
+    assert_stat(cell(table, "feder", "n0"), 0.75, stdev([0.8, 0.7]), 2)
+    assert_stat(cell(table, "feder", "n1"), 0.75, stdev([0.6, 0.9]), 2)
+    assert_stat(cell(table, "standalone", "n0"), 0.525, stdev([0.75, 0.3]), 2)
+    assert_stat(cell(table, "standalone", "n1"), 0.625, stdev([0.4, 0.85]), 2)
+    assert stdev([0.6, 0.9]) == pytest.approx(0.2121320, abs=1e-6)
+
+
+def test_table4_bolds_the_best_of_each_column_only(single):
+    table = built(study.table4(load_experiment(single), "accuracy"))
+    md = markdown(table).splitlines()
+    assert "| feder | 0.800 | **0.900** | **0.850** |" in md
+    assert "| fedavg | **0.900** | 0.500 | 0.700 |" in md
+    rows = [line for line in md if line.startswith("| fed")]
+    assert sum(line.count("**") for line in rows) == 2 * 3
+    tex = latex(table)
+    assert r"feder & 0.800 & \textbf{0.900} & \textbf{0.850} \\" in tex
+    assert r"fedavg & \textbf{0.900} & 0.500 & 0.700 \\" in tex
+    assert tex.count(r"\textbf") == 3
+
+
+def test_headline_bolds_best_across_all_strategies(single):
+    md = markdown(built(study.headline(load_experiment(single), "accuracy")))
+    assert "| fedavg | **0.900** | 0.500 | 0.700 |" in md
+    assert "| feder | 0.800 | **0.900** | **0.850** |" in md
+    assert "| standalone | 0.750 | 0.850 | 0.800 |" in md
+    assert md.count("**") == 2 * 3 + 2  # three best cells, plus the bold title
+
+
+def test_tables_without_mark_best_bold_nothing(single):
+    tex = latex(built(study.table2(load_experiment(single), "accuracy")))
+    assert r"\textbf" not in tex
+
+
+def test_table5_single_vs_ensemble(single):
+    table = built(study.table5(load_experiment(single), "accuracy"))
+    assert list(table.frame.index) == ["feder"]  # only feder has ensemble rows here
+    assert_stat(cell(table, "feder", "n0 single"), 0.75, stdev([0.8, 0.7]), 2)
+    assert_stat(cell(table, "feder", "n0 ensemble"), 0.85, 0.0, 1)
+    assert_stat(cell(table, "feder", "n1 single"), 0.75, stdev([0.6, 0.9]), 2)
+    assert_stat(cell(table, "feder", "n1 ensemble"), 0.95, 0.0, 1)
+    assert_stat(cell(table, "feder", "mean single"), 0.75, stdev([0.8, 0.7, 0.6, 0.9]), 4)
+    assert_stat(cell(table, "feder", "mean ensemble"), 0.9, stdev([0.85, 0.95]), 2)
+
+
+def test_table7_variants(single):
+    table = built(study.table7(load_experiment(single), "accuracy"))
+    assert list(table.frame.index) == ["feder", "feder-a"]
+    assert means(table)["feder-a"] == pytest.approx({"n0": 0.7, "n1": 0.8, "mean": 0.75, "convergence": 0.65,
+                                                     "model spread": (stdev([0.7, 0.6]) + stdev([0.5, 0.8])) / 2})
+    assert means(table)["feder"] == pytest.approx({"n0": 0.8, "n1": 0.9, "mean": 0.85, "convergence": 0.75,
+                                                   "model spread": (stdev([0.8, 0.7]) + stdev([0.6, 0.9])) / 2})
+    assert cell(table, "feder-a", "convergence").std == pytest.approx(0.0)  # both test sets average 0.65
+    assert cell(table, "feder-a", "model spread").std == pytest.approx(stdev([stdev([0.7, 0.6]),
+                                                                              stdev([0.5, 0.8])]))
+
+
+def test_table8_bytes_per_node(single):
+    table = built(study.table8(load_experiment(single), "accuracy"))
+    assert list(table.frame.index) == ["feder", "fedavg", "central"]  # runs with a comm.csv
+    assert list(table.frame.columns) == ["sent/node (MB)", "received/node (MB)", "model (MB)", "buffer (MB)",
+                                         "global-model (MB)", "sent/node/round (MB)"]  # eval: all zero, dropped
+    got = means(table)
+    assert got["feder"] == pytest.approx({"sent/node (MB)": 2.5, "received/node (MB)": 2.5, "model (MB)": 2.0,
+                                          "buffer (MB)": 0.5, "global-model (MB)": 0.0,
+                                          "sent/node/round (MB)": 1.25})
+    assert got["fedavg"] == pytest.approx({"sent/node (MB)": 1.0, "received/node (MB)": 2.0, "model (MB)": 1.0,
+                                           "buffer (MB)": 0.0, "global-model (MB)": 2.0,
+                                           "sent/node/round (MB)": 1.0})
+    assert all(v == 0 for v in got["central"].values())
+
+
+def test_table1_cross_validation_grid(single):
+    table = built(study.table1(load_experiment(single), "accuracy"))
+    frame = table.frame.reset_index()
+    assert list(frame.columns) == ["strategy", "rounds", "epochs", "n0", "n1", "mean", "chosen"]
+    rows = {(r.strategy, r.rounds, r.epochs): r for r in frame.itertuples()}
+    assert set(rows) == {("feder", 2, 1), ("feder", 4, 2), ("fedavg", 2, 1)}
+    short, long, avg = rows["feder", 2, 1], rows["feder", 4, 2], rows["fedavg", 2, 1]
+    assert_stat(short.n0, 0.65, stdev([0.6, 0.7]), 2)
+    assert_stat(short.n1, 0.85, stdev([0.8, 0.9]), 2)
+    assert_stat(short.mean, 0.75, stdev([0.7, 0.8]), 2)
+    assert_stat(long.n0, 0.85, stdev([0.9, 0.8]), 2)
+    assert_stat(long.n1, 0.85, stdev([0.7, 1.0]), 2)
+    assert_stat(long.mean, 0.85, stdev([0.8, 0.9]), 2)
+    assert_stat(avg.mean, 0.55, 0.0, 2)
+    assert (short.chosen, long.chosen, avg.chosen) == ("", "yes", "yes")  # best mean per strategy
+
+
+def test_privacy_table(single):
+    table = built(study.privacy_table(load_experiment(single)))
+    assert list(table.frame.index) == ["n0", "n1"]
+    assert_means(table, {
+        "n0": {"LPIPS std": 0.01, "LPIPS priv": 0.05, "AUROC std": 0.70, "AUROC priv": 0.52,
+               "buffer nearest-member share": 0.50},
+        "n1": {"LPIPS std": 0.02, "LPIPS priv": 0.06, "AUROC std": 0.65, "AUROC priv": 0.55,
+               "buffer nearest-member share": 0.45}})
+    assert list(table.frame["verdict"]) == ["pass", "fail"]
+    assert "alex-random" in table.note
+
+
+def test_partition_and_gan_summaries(single):
+    subs = load_experiment(single)
+    part = built(study.partition_table(subs))
+    assert part.frame.loc["n0"].to_dict() == {"site": "site-n0", "train": 3, "test": 2, "classes": "2/2",
+                                              "smallest class (train)": 1}
+    assert part.frame.loc["n1"].to_dict() == {"site": "site-n1", "train": 3, "test": 1, "classes": "1/2",
+                                              "smallest class (train)": 3}
+    assert "digits" in part.note and "0.25" in part.note
+    gan = built(study.gan_summary(subs))
+    assert_stat(cell(gan, "n1", "FID standard"), 40.0, 0.0, 1)
+    assert_stat(cell(gan, "n1", "FID privacy"), 70.0, 0.0, 1)
+    assert gan.frame.loc["n0", "iterations"] == "400 + 100" and gan.frame.loc["n0", "buffer"] == "512"
+
+
+# ---------------------------------------------------------------------------------------------
+# Table 6 across a buffer-size sweep
+
+
+def test_table6_buffer_sizes_pooled_over_seeds(buffers):
+    subs = load_experiment(buffers)
+    assert list(replicate_groups(subs)) == ["buffer-size=0", "buffer-size=20"]
+    table = built(study.table6(subs, "accuracy"))
+    assert list(table.frame.index) == ["buffer 0", "buffer 20"]
+    assert table.frame.index.name == "buffer"
+    assert_stat(cell(table, "buffer 0", "n0"), 0.4, stdev([0.5, 0.3]), 2)
+    assert_stat(cell(table, "buffer 0", "n1"), 0.4, stdev([0.2, 0.6]), 2)
+    assert_stat(cell(table, "buffer 0", "mean"), 0.4, 0.0, 2)
+    assert_stat(cell(table, "buffer 20", "n0"), 0.725, stdev([0.8, 0.7, 0.9, 0.5]), 4)
+    assert_stat(cell(table, "buffer 20", "n1"), 0.65, stdev([0.6, 0.9, 0.4, 0.7]), 4)
+    assert_stat(cell(table, "buffer 20", "mean"), (0.725 + 0.65) / 2, stdev([0.725, 0.65]), 2)
+
+
+def test_buffer_sweep_report_has_a_section_per_group(buffers_report):
+    out = buffers_report.path.parent
+    text = buffers_report.path.read_text()
+    assert "## Federated learning (buffer-size=0)" in text and "## Federated learning (buffer-size=20)" in text
+    assert "Table 6" in text.split("## Not in this report")[0]
+    frame = pd.read_csv(out / "table6_buffer_size.csv").set_index("buffer")
+    assert frame.loc["buffer 20", "n0"] == pytest.approx(0.725)
+    assert frame.loc["buffer 20", "n0_n"] == 4
+    # the group tables carry the group in their file name
+    head20 = pd.read_csv(out / "headline__buffer-size=20.csv").set_index("strategy")
+    assert head20.loc["feder", "n0"] == pytest.approx((0.8 + 0.9) / 2)
+    assert head20.loc["feder", "n0_std"] == pytest.approx(stdev([0.8, 0.9]))
+    assert (out / "figures" / "rounds_buffer-size=0.png").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# build.run: the files
+
+
+def test_report_writes_md_csv_tex_and_figures(single_report):
+    out = single_report.path.parent
+    assert single_report.path == out / "report.md" and out.name == "report"
+    keys = {t.key for t in single_report.tables}
+    assert {"partition_summary", "gan_summary", "headline", "table1_selection_grid", "table2_node_performance",
+            "table3_node_convergence", "table4_federated", "table5_ensemble", "table7_variants",
+            "table8_communication", "privacy_summary"} <= keys
+    assert single_report.headline is not None and single_report.headline.key == "headline"
+    for key in keys:
+        assert (out / f"{key}.csv").is_file(), key
+        tex = (out / "tex" / f"{key}.tex").read_text()
+        assert tex.index(r"\toprule") < tex.index(r"\midrule") < tex.index(r"\bottomrule"), key
+        assert f"[csv]({key}.csv)" in single_report.path.read_text()
+    assert (out / "figures" / "rounds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_csv_columns_are_numbers(single_report):
+    frame = read_csv(single_report, "table2_node_performance")
+    assert list(frame.columns) == ["strategy", "n0", "n0_std", "n0_n", "n1", "n1_std", "n1_n", "mean", "mean_std",
+                                   "mean_n"]
+    for column in frame.columns[1:]:
+        assert pd.api.types.is_numeric_dtype(frame[column]), column
+    frame = frame.set_index("strategy")
+    assert frame.loc["central", "mean"] == pytest.approx(0.65) and frame.loc["central", "mean_std"] == 0
+    comm = read_csv(single_report, "table8_communication").set_index("strategy")
+    assert comm.loc["feder", "sent/node (MB)"] == pytest.approx(2.5)
+
+
+def test_report_md_bold_and_missing_tables(single_report):
+    text = single_report.path.read_text()
+    assert "| fedavg | **0.900** | 0.500 | 0.700 |" in text
+    body, missing = text.split("## Not in this report")
+    assert "Table 6" not in body
+    lines = [line for line in missing.splitlines() if line.startswith("- ")]
+    assert any(line.startswith("- Table 6.") and "several buffer sizes" in line for line in lines), lines
+    assert any("alpha" in line for line in lines)
+    assert {m.title.split(".")[0] for m in single_report.missing} >= {"Table 6"}
+    assert not any(m.title.startswith(("Table 1.", "Table 2.", "Table 4.")) for m in single_report.missing)
+
+
+def test_report_on_partition_only_lists_every_federated_table_as_missing(tmp_path):
+    write_manifest(tmp_path / "exp")
+    report = build.run(ReportConfig(exp=tmp_path / "exp"))
+    assert report.headline is None
+    assert [t.key for t in report.tables] == ["partition_summary"]
+    titles = " ".join(m.title for m in report.missing)
+    for number in range(1, 9):
+        assert f"Table {number}." in titles
+    assert not (report.path.parent / "figures" / "rounds.png").exists()
+
+
+def test_report_replaces_an_earlier_report(tmp_path):
+    exp = make_single(tmp_path / "exp")
+    build.run(ReportConfig(exp=exp))
+    (exp / "report" / "stale.csv").write_text("x\n")
+    build.run(ReportConfig(exp=exp))
+    assert not (exp / "report" / "stale.csv").exists()
+    assert (exp / "report" / "report.md").is_file()
+
+
+def test_numeric_keeps_text_columns_as_text(single):
+    frame = numeric(built(study.table1(load_experiment(single), "accuracy")))
+    assert sorted(frame["chosen"]) == ["", "yes", "yes"]
+    assert not any(math.isnan(v) for v in frame["mean"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_cli_positional_folder(cli, tmp_path):
+    exp = make_single(tmp_path / "exp")
+    result = cli.ok("report", exp)
+    assert (exp / "report" / "report.md").is_file()
+    assert "wrote" in result.output and "Every strategy" in result.output
+
+
+def test_cli_exp_option_and_metric(cli, tmp_path):
+    exp = make_single(tmp_path / "exp")
+    cli.ok("report", "--exp", exp, "--metric", "f1")
+    frame = pd.read_csv(exp / "report" / "table2_node_performance.csv").set_index("strategy")
+    assert frame.loc["feder", "n1"] == pytest.approx(0.9 * SCALE["f1_macro"])
+
+
+def test_cli_empty_folder_is_a_user_error(cli, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = cli.user_error("report", empty)
+    assert "no fedcli artifacts" in line
+    assert not (empty / "report").exists()
+
+
+def test_cli_missing_folder_is_a_user_error(cli, tmp_path):
+    line = cli.user_error("report", "--exp", tmp_path / "nope")
+    assert "does not exist" in line
+    assert not (tmp_path / "nope").exists()
+
+
+def test_cli_bogus_metric_is_a_user_error(cli, tmp_path):
+    exp = make_single(tmp_path / "exp")
+    line = cli.user_error("report", exp, "--metric", "bogus")
+    assert "--metric" in line
+    assert not (exp / "report").exists()
+
+
+def test_cli_two_different_folders_is_a_user_error(cli, tmp_path):
+    exp = make_single(tmp_path / "exp")
+    line = cli.user_error("report", exp, "--exp", tmp_path / "other")
+    assert "two experiment folders" in line
+    assert not (exp / "report").exists()

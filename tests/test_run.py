@@ -1,0 +1,191 @@
+"""`fedcli run`: a recipe end to end, skipping what is up to date and rerunning what changed downstream."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fedcli.pipeline.recipe import Recipe
+
+TINY = """
+[partition]
+nodes = 2
+image-size = 16
+
+[train_gan]
+iterations = 12
+patience = 100
+pp-iterations = 4
+fid-every = 6
+fid-images = 32
+batch = 8
+channel-base = 128
+channel-max = 16
+z-dim = 16
+w-dim = 16
+buffer-size = 20
+
+[federate]
+strategy = [{strategies}]
+rounds = 2
+bootstrap = 10
+
+[audit]
+steps = 3
+max-images = 10
+batch-size = 10
+"""
+
+
+def recipe(tmp_path: Path, strategies=("feder", "fedavg", "standalone"), extra: str = "") -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(strategies=", ".join(f'"{s}"' for s in strategies)) + extra)
+    return path
+
+
+def statuses(output: str) -> dict[str, str]:
+    """unit -> 'ran' / 'skipped' / 'shared' from the run's log lines (`[<sub>: ]<unit>: <status>`)."""
+    out = {}
+    for line in output.splitlines():
+        unit, _, status = line.rpartition(": ")
+        if status.startswith("done in"):
+            out[unit] = "ran"
+        elif status == "up to date, skipped":
+            out[unit] = "skipped"
+        elif status == "shared" or line.endswith(", shared"):
+            out[line.split(": same inputs")[0]] = "shared"
+    return out
+
+
+def test_second_run_skips_everything_and_a_change_reruns_only_downstream(cli, tmp_path):
+    path, exp = recipe(tmp_path), tmp_path / "exp"
+    first = statuses(cli.ok("run", path, "--exp", exp).output)
+    units = ["partition", "train-gan", "federate feder", "federate fedavg", "federate standalone", "audit-privacy",
+             "report"]
+    assert first == {u: "ran" for u in units}
+    report = (exp / "report" / "report.md").read_text()
+    assert "Table 2" in report and "Table 4" in report and "Privacy summary" in report
+    gan_config = (exp / "gan" / "node0" / "config.json").read_bytes()
+
+    assert statuses(cli.ok("run", path, "--exp", exp).output) == {u: "skipped" for u in units}
+
+    third = statuses(cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").output)
+    assert third == {u: "ran" if u.startswith("federate") or u == "report" else "skipped" for u in units}
+    assert pd.read_csv(exp / "federate" / "feder" / "metrics.csv")["round"].max() == 3
+    assert (exp / "gan" / "node0" / "config.json").read_bytes() == gan_config
+
+    # mu is FedProx's alone, so no unit here changes; a GAN option reruns the GANs and what reads them
+    assert set(statuses(cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3", "--set",
+                               "federate.mu=0.5").output).values()) == {"skipped"}
+    fifth = statuses(cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3", "--set",
+                            "train_gan.alpha=0.5").output)
+    assert fifth == {"partition": "skipped", "train-gan": "ran", "federate feder": "ran", "federate fedavg": "skipped",
+                     "federate standalone": "skipped", "audit-privacy": "ran", "report": "ran"}
+
+
+def test_a_stage_rerun_by_hand_is_stale_for_the_next_run(cli, tmp_path):
+    path, exp = recipe(tmp_path, strategies=("standalone",)), tmp_path / "exp"
+    cli.ok("run", path, "--exp", exp)
+    cli.ok("federate", "--exp", exp, "--strategy", "standalone", "--rounds", "1", "--overwrite")
+    again = statuses(cli.ok("run", path, "--exp", exp).output)
+    assert again["federate standalone"] == "ran" and again["train-gan"] == "skipped"
+    assert pd.read_csv(exp / "federate" / "standalone" / "metrics.csv")["round"].max() == 2
+
+
+def test_sweep_makes_sub_experiments_that_share_upstream_stages(cli, tmp_path):
+    path = recipe(tmp_path, strategies=("feder",), extra='\n[sweep]\n"federate.buffer-size" = [0, 10]\n')
+    exp = tmp_path / "exp"
+    out = cli.ok("run", path, "--exp", exp).output
+    a, b = exp / "runs" / "buffer-size=0", exp / "runs" / "buffer-size=10"
+    for stage in ("partition", "gan", "audit"):
+        assert (b / stage).is_symlink() and (b / stage).resolve() == (a / stage).resolve()
+    assert not (b / "federate" / "feder").is_symlink()
+    assert json.loads((b / "federate" / "feder" / "config.json").read_text())["config"]["buffer_size"] == 10
+    assert json.loads((a / "federate" / "feder" / "config.json").read_text())["config"]["buffer_size"] == 0
+    assert sum("train-gan: done" in line for line in out.splitlines()) == 1
+    report = (exp / "report" / "report.md").read_text()
+    assert "Table 6" in report and "buffer 0" in report and "buffer 10" in report
+    assert set(statuses(cli.ok("run", path, "--exp", exp).output).values()) <= {"skipped", "shared"}
+
+
+def test_select_picks_the_grid_point_with_the_best_mean_validation_score(cli, tmp_path):
+    path = recipe(tmp_path, strategies=("fedavg", "fedprox"),
+                  extra="\n[select]\nrounds = [1, 2]\nmu = [0.01, 1.0]\nfolds = 2\n")
+    exp = tmp_path / "exp"
+    cli.ok("run", path, "--exp", exp)
+    assert sorted(p.name for p in (exp / "select").iterdir()) == [
+        "rounds=1", "rounds=1,mu=0.01", "rounds=1,mu=1.0", "rounds=2", "rounds=2,mu=0.01", "rounds=2,mu=1.0"]
+    for strategy, keys in (("fedavg", ["rounds"]), ("fedprox", ["rounds", "mu"])):
+        scores = {}
+        for point in (exp / "select").iterdir():
+            folds = point / "federate" / "cv" / strategy
+            if not folds.is_dir():
+                continue
+            assert sorted(p.name for p in folds.iterdir()) == ["fold0", "fold1"]
+            per_fold = []
+            for fold in sorted(folds.iterdir()):
+                m = pd.read_csv(fold / "metrics.csv")
+                last = m[(m["round"] == m["round"].max()) & (m.model_node.isin(["global"]))]
+                per_fold.append(last.accuracy.mean())
+            config = json.loads((folds / "fold0" / "config.json").read_text())["config"]
+            scores[tuple(config[k] for k in keys)] = sum(per_fold) / len(per_fold)
+        assert len(scores) == (2 if strategy == "fedavg" else 4)
+        chosen = json.loads((exp / "federate" / strategy / "config.json").read_text())["config"]
+        assert chosen["fold"] is None
+        assert scores[tuple(chosen[k] for k in keys)] == max(scores.values())
+    report = (exp / "report" / "report.md").read_text()
+    assert "Table 1" in report and "yes" in report
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--set", "federate.rounds=many"], "federate.rounds"),
+    (["--set", "federate.roundz=3"], "valid keys"),
+    (["--set", "rounds=3"], "table.key=value"),
+    (["--set", "sweep.federate.colour=[1, 2]"], "federate.colour"),
+])
+def test_bad_overrides_are_one_line_errors_before_anything_runs(cli, tmp_path, args, expected):
+    line = cli.user_error("run", recipe(tmp_path), "--exp", tmp_path / "exp", *args)
+    assert expected in line
+    assert not (tmp_path / "exp").exists()
+
+
+def test_unknown_recipe_key_names_it_and_lists_the_valid_ones(cli, tmp_path):
+    path = recipe(tmp_path, extra="\n[select]\nrounds = [1]\nwarmup = [2]\n")
+    line = cli.user_error("run", path, "--exp", tmp_path / "exp")
+    assert "select.warmup" in line and "rounds" in line and "mu" in line
+    path.write_text(TINY.format(strategies='"feder"').replace("rounds = 2", "rounds = 2\noverwrite = true"))
+    assert "set by fedcli run" in cli.user_error("run", path, "--exp", tmp_path / "exp")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[1] / "recipes").glob("*.toml")))
+def test_every_shipped_recipe_parses_and_resolves(name, tmp_path):
+    path = Path(__file__).parents[1] / "recipes" / name
+    text = path.read_text()
+    assert text.startswith("#") and ("cost" in text.lower()), "each recipe opens with what it reproduces and its cost"
+    recipe_ = Recipe.load(path)
+    for point in recipe_.points():
+        configs = recipe_.configs(point, tmp_path)
+        assert configs["federate"].strategy and configs["partition"].exp == tmp_path
+    if recipe_.select:
+        assert all(recipe_.grid(s) for s in recipe_.stages["federate"]["strategy"])
+
+
+def test_sweep_points_are_the_product_and_mu_collapses_for_other_strategies(tmp_path):
+    path = recipe(tmp_path, extra='\n[sweep]\nseeds = [0, 1]\nfederate.lr = [0.1, 0.01]\n[select]\nmu = [0.1, 1.0]\n'
+                                  'rounds = [1, 2]\n')
+    r = Recipe.load(path, ["federate.epochs=2"])
+    assert [p.name for p in r.points()] == ["seed=0,lr=0.1", "seed=0,lr=0.01", "seed=1,lr=0.1", "seed=1,lr=0.01"]
+    configs = r.configs(r.points()[3], tmp_path)
+    assert configs["partition"].seed == 1 and configs["federate"].lr == 0.01 and configs["federate"].epochs == 2
+    assert r.grid("fedavg") == [{"rounds": 1}, {"rounds": 2}]
+    assert len(r.grid("fedprox")) == 4
+
+
+def test_run_writes_nothing_outside_its_experiment_folder(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = cli.user_error("run", "missing.toml")
+    assert "missing.toml" in line and not os.path.exists("results")
