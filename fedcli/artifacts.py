@@ -126,6 +126,17 @@ def load_tensors(path: Path, what: str) -> dict:
         raise UserError(f"{what} at {path} is corrupt ({exc}); recreate it") from exc
 
 
+def load_module(module, path: Path, what: str, mismatch: str):
+    """`module` with the safetensors state at `path`; a state that does not fit is a user error
+    ending in `mismatch` (what to do)."""
+    state = load_tensors(path, what)
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as exc:
+        raise UserError(f"{what} {path} does not fit ({str(exc).splitlines()[0]}); {mismatch}") from exc
+    return module
+
+
 def provenance(stage: str, config: Mapping[str, Any], seed: int, inputs: Mapping[str, str]) -> dict:
     """The `config.json` every artifact folder carries: enough to detect a stale input."""
     return {

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from fedcli.artifacts import load_tensors, read_json, write_csv
+from fedcli.artifacts import load_module, read_json, write_csv
 from fedcli.data.imagefiles import GRAY_MODES, IMAGE_SUFFIXES, decode_image, is_image_file
 from fedcli.data.loading import CHUNK, resize, to_channels
 from fedcli.data.manifest import Manifest
@@ -136,13 +136,9 @@ def image_files(data_dir: Path) -> tuple[Path, list[Path]]:
 
 def load_model(path: Path, what: str, name: str, manifest: Manifest, device: str) -> nn.Module:
     """A trained classifier in eval mode; the weights come only from safetensors (no pickle)."""
-    state = load_tensors(path, what)
     model = build_classifier(name, manifest["channels"], manifest.num_classes, init_seed=0)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        raise UserError(f"{path} does not fit a {name} with {manifest['channels']} channels and "
-                        f"{manifest.num_classes} classes; re-run fedcli federate --overwrite") from exc
+    load_module(model, path, what, f"it is not a {name} with {manifest['channels']} channels and "
+                f"{manifest.num_classes} classes; re-run fedcli federate --overwrite")
     return model.to(device).eval()
 
 

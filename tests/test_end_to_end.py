@@ -39,44 +39,71 @@ def test_console_script_error_is_one_line_with_exit_code_2(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def quick_exp(tmp_path_factory):
-    """Partition and train-gan at the commands' own quick defaults: 3 digits nodes."""
+def quickstart(tmp_path_factory):
+    """The README's main job, in-process: `fedcli run recipes/quickstart.toml` (about 3 minutes on 2 cores)."""
     from conftest import Cli
 
-    exp = tmp_path_factory.mktemp("quick") / "exp"
-    Cli().ok("partition", "--nodes", "3", "--exp", exp)
-    Cli().ok("train-gan", "--exp", exp)
-    return exp
+    exp = tmp_path_factory.mktemp("quickstart") / "exp"
+    output = Cli().ok("run", REPO / "recipes" / "quickstart.toml", "--exp", exp).output
+    return exp, output
 
 
 @pytest.mark.slow
-def test_quick_config_buffers_are_class_faithful(quick_exp):
+def test_quickstart_report_holds_the_study_tables_and_figures(quickstart):
+    exp, output = quickstart
+    assert f"report: {exp / 'report' / 'report.md'}" in output
+    report = (exp / "report" / "report.md").read_text()
+    for table in ("Table 2.", "Table 3.", "Table 4.", "Table 5.", "Table 7.", "Table 8.", "Privacy summary",
+                  "Partition summary", "GAN summary"):
+        assert f"**{table}" in report, table
+    made, missing = report.split("## Not in this report")
+    assert "Table 1." in missing and "Table 6." in missing and "Table 1." not in made
+    for figure in ["rounds.png", "partition.png"] + [f"audit_node{i}_{kind}.png" for i in range(3)
+                                                     for kind in ("histogram", "pairs")]:
+        assert (exp / "report" / "figures" / figure).stat().st_size > 1000, figure
+        assert f"(figures/{figure})" in report
+    for key in ("table2_node_performance", "table4_federated", "table8_communication", "privacy_summary"):
+        assert (exp / "report" / f"{key}.csv").is_file()
+        assert "\\toprule" in (exp / "report" / "tex" / f"{key}.tex").read_text()
+
+
+@pytest.mark.slow
+def test_quickstart_buffers_are_class_faithful(quickstart):
     """A classifier trained on a node's real digits labels its synthetic buffer mostly as the buffer's labels."""
     from sklearn.linear_model import LogisticRegression
 
     from fedcli.artifacts import load_tensors
     from fedcli.data.dataset import NodeDataset
 
-    manifest = Manifest.load(quick_exp)
+    exp, _ = quickstart
+    manifest = Manifest.load(exp)
     for node in manifest.node_names:
         real = NodeDataset(manifest, node, "train")
         classifier = LogisticRegression(max_iter=2000, C=0.1).fit(real.images.flatten(1).numpy() / 255, real.labels)
-        buffer = load_tensors(quick_exp / "gan" / node / "buffer.safetensors", "buffer")
+        buffer = load_tensors(exp / "gan" / node / "buffer.safetensors", "buffer")
         fidelity = classifier.score(buffer["images"].flatten(1).numpy() / 255, buffer["labels"].numpy())
         assert fidelity >= 0.7, (node, fidelity)
 
 
 @pytest.mark.slow
-def test_every_strategy_beats_chance_at_the_quick_config(quick_exp, cli):
+def test_quickstart_every_strategy_beats_chance(quickstart):
     import pandas as pd
 
     from fedcli.fl.strategies import STRATEGIES
 
-    args = [a for name in STRATEGIES for a in ("--strategy", name)]
-    cli.ok("federate", "--exp", quick_exp, *args, "--bootstrap", "100", "--eval-every", "10")
+    exp, _ = quickstart
     for name in STRATEGIES:
-        metrics = pd.read_csv(quick_exp / "federate" / name / "metrics.csv")
+        metrics = pd.read_csv(exp / "federate" / name / "metrics.csv")
         final = metrics[(metrics["round"] == metrics["round"].max()) & (metrics["model_node"] != "ensemble")]
         own = final[(final["model_node"] == final["test_node"]) | final["model_node"].isin(["global", "central"])]
         # chance on 10 balanced classes is 0.1; every node's own model must clear it with its whole 95% interval
         assert (own["accuracy_lo"] > 0.1).all() and own["accuracy"].mean() > 0.3, (name, own["accuracy"].tolist())
+
+
+@pytest.mark.slow
+def test_quickstart_second_run_skips_every_stage(quickstart, cli):
+    exp, _ = quickstart
+    before = (exp / "report" / "report.md").read_bytes()
+    output = cli.ok("run", REPO / "recipes" / "quickstart.toml", "--exp", exp).output
+    assert "0 ran, 15 up to date" in output
+    assert (exp / "report" / "report.md").read_bytes() == before

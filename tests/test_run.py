@@ -111,6 +111,11 @@ def test_sweep_makes_sub_experiments_that_share_upstream_stages(cli, tmp_path):
     assert "Table 6" in report and "buffer 0" in report and "buffer 10" in report
     assert set(statuses(cli.ok("run", path, "--exp", exp).output).values()) <= {"skipped", "shared"}
 
+    # a sweep value dropped from the recipe leaves nothing behind for the report to count
+    cli.ok("run", path, "--exp", exp, "--set", "sweep.federate.buffer-size=[10]")
+    assert not a.exists() and sorted(p.name for p in (exp / "runs").iterdir()) == ["buffer-size=10"]
+    assert "Table 6" not in (exp / "report" / "report.md").read_text().split("## Not in this report")[0]
+
 
 def test_select_picks_the_grid_point_with_the_best_mean_validation_score(cli, tmp_path):
     path = recipe(tmp_path, strategies=("fedavg", "fedprox"),
@@ -143,6 +148,12 @@ def test_select_picks_the_grid_point_with_the_best_mean_validation_score(cli, tm
 
 @pytest.mark.parametrize("args, expected", [
     (["--set", "federate.rounds=many"], "federate.rounds"),
+    (["--set", "federate.cv=true"], "[select]"),
+    (["--set", "train_gan.node=node0"], "every node"),
+    (["--set", "federate.buffer-size=50"], "train_gan.buffer-size"),
+    (["--set", "select.rounds=[1, 0]", "--set", "select.folds=2"], "--rounds"),
+    (["--set", "select.rounds=[1]", "--set", "select.folds=9"], "select.folds"),
+    (["--set", "sweep.report.metric=['f1']"], "cannot be swept"),
     (["--set", "federate.roundz=3"], "valid keys"),
     (["--set", "rounds=3"], "table.key=value"),
     (["--set", "sweep.federate.colour=[1, 2]"], "federate.colour"),

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from fedcli import console
-from fedcli.artifacts import (check_output_free, load_tensors, provenance, read_json, save_tensors, sha256_file,
+from fedcli.artifacts import (check_output_free, load_module, provenance, read_json, save_tensors, sha256_file,
                               staged_output, write_csv, write_json)
 from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
@@ -136,13 +136,8 @@ def buffer_metadata(node: str, manifest: Manifest) -> dict[str, str]:
 
 def load_generator(folder: Path, filename: str, arch: Architecture, device: str = "cpu") -> Generator:
     """Rebuild a saved generator from its config and safetensors file; refuse a corrupt checkpoint."""
-    state = load_tensors(folder / filename, "generator checkpoint")
-    generator = Generator(arch)
-    try:
-        generator.load_state_dict(state)
-    except RuntimeError as exc:
-        raise UserError(f"generator checkpoint {folder / filename} does not fit its config.json "
-                        f"({str(exc).splitlines()[0]}); re-run fedcli train-gan --overwrite") from exc
+    generator = load_module(Generator(arch), folder / filename, "generator checkpoint",
+                            "re-run fedcli train-gan --overwrite")
     return generator.to(device).eval()
 
 

@@ -10,11 +10,13 @@ changes every fingerprint downstream of it, nothing upstream.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 from fedcli import __version__
 from fedcli.artifacts import canonical_json, read_json, sha256_file, write_json
+from fedcli.errors import UserError
 
 LEDGER = ".fedcli-run.json"
 OUTPUT_FILES = ("config.json", "manifest.json", "report.md")  # small files that change whenever a stage reruns
@@ -38,6 +40,10 @@ class Ledger:
     def __init__(self, folder: Path):
         self.path = Path(folder) / LEDGER
         self.data = read_json(self.path, "run ledger") if self.path.is_file() else {"units": {}}
+        units = self.data.get("units") if isinstance(self.data, dict) else None
+        if not isinstance(units, dict) or not all(isinstance(u, dict) and {"fingerprint", "outputs"} <= set(u)
+                                                  for u in units.values()):
+            raise UserError(f"run ledger {self.path} is corrupt; delete it and fedcli run reruns every stage")
 
     def up_to_date(self, unit: str, fp: str, folder: Path) -> bool:
         entry = self.data["units"].get(unit)
@@ -55,6 +61,7 @@ class Ledger:
             self.save()
 
     def set_point(self, values: list[list[Any]]) -> None:
+        values = json.loads(json.dumps(values, default=str))  # paths as strings
         if self.data.get("point") != values:
             self.data["point"] = values
             self.save()

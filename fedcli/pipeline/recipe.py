@@ -23,6 +23,9 @@ from fedcli.errors import UserError
 STAGE_CLASSES = {"partition": PartitionConfig, "train_gan": GanConfig, "federate": FederateConfig,
                  "audit": AuditConfig, "report": ReportConfig}
 RUN_OWNED = {"exp", "overwrite", "resume"}  # set by `fedcli run` itself, never by a recipe
+NOT_IN_RUN = {"node": "fedcli run trains and audits every node", "sample_only": "use fedcli train-gan --sample-only",
+              "strict": "use fedcli audit-privacy --strict", "fold": "use a [select] table for cross-validation",
+              "cv": "use a [select] table for cross-validation"}
 SELECT_KEYS = ("rounds", "epochs", "lr", "mu")
 SELECT_ONLY_FOR = {"mu": {"fedprox"}}  # a grid key that changes nothing for other strategies collapses
 
@@ -57,15 +60,32 @@ class Recipe:
         stages = {}
         for table, config in STAGE_CLASSES.items():
             values = stage_values(config, table, raw.get(table, {}), origin)
-            owned = sorted(RUN_OWNED & set(values))
-            if owned:
-                raise UserError(f"{origin}: {table}.{owned[0]} is set by fedcli run itself; remove it from the recipe")
+            check_run_keys(table, values, origin)
             stages[table] = values
         recipe = cls(Path(path), stages, parse_sweep(raw.get("sweep", {}), origin), parse_select(raw.get("select", {}),
                                                                                                  origin))
-        for point in recipe.points():
-            recipe.configs(point, Path("."))  # every combination must make valid configs
+        recipe.check(origin)
         return recipe
+
+    def check(self, origin: str) -> None:
+        """Every combination must make valid configs, so that no error waits behind hours of training."""
+        both = sorted({name for table, name in self.sweep if table == "federate"} & set(self.select))
+        if both:
+            raise UserError(f"{origin}: federate.{both[0]} is both swept and selected; keep it in one of the two")
+        for point in self.points():
+            configs = self.configs(point, Path("."))
+            gan, fed, part = configs["train_gan"], configs["federate"], configs["partition"]
+            if fed.buffer_size is not None and fed.buffer_size > gan.buffer_size:
+                raise UserError(f"{origin}: federate.buffer-size {fed.buffer_size} exceeds train_gan.buffer-size "
+                                f"{gan.buffer_size}; raise the latter")
+            if self.select:
+                folds = self.select["folds"] or part.folds
+                if folds > part.folds:
+                    raise UserError(f"{origin}: select.folds = {folds} but the partition has {part.folds} folds; "
+                                    "lower select.folds or raise partition.folds")
+                for strategy in fed.strategy:
+                    for values in self.grid(strategy):
+                        dataclasses.replace(fed, strategy=(strategy,), **values)
 
     def points(self) -> list[Point]:
         """The sweep's sub-experiments in a fixed order; one unnamed point without a sweep."""
@@ -89,6 +109,15 @@ class Recipe:
         """The [select] grid points that make a difference to `strategy`."""
         keys = [k for k in SELECT_KEYS if k in self.select and strategy in SELECT_ONLY_FOR.get(k, {strategy})]
         return [dict(zip(keys, combo)) for combo in itertools.product(*(self.select[k] for k in keys))]
+
+
+def check_run_keys(table: str, values: dict[str, Any], origin: str) -> None:
+    for name in values:
+        if name in RUN_OWNED:
+            raise UserError(f"{origin}: {table}.{name} is set by fedcli run itself; remove it from the recipe")
+        if name in NOT_IN_RUN:
+            raise UserError(f"{origin}: {table}.{name.replace('_', '-')} does not apply to fedcli run "
+                            f"({NOT_IN_RUN[name]}); remove it from the recipe")
 
 
 def format_value(value: Any) -> str:
@@ -132,8 +161,10 @@ def parse_sweep(table: dict[str, Any], origin: str) -> dict[tuple[str, str], lis
             if stage not in STAGE_CLASSES or not option:
                 raise UserError(f"{origin}: sweep key {key!r} is not table.option or seeds (e.g. \"federate.rounds\")")
             name = option.replace("-", "_")
-        if name in RUN_OWNED or (stage, name) in sweep:
-            raise UserError(f"{origin}: sweep key {key} cannot be swept (set by fedcli run, or given twice)")
+        if stage == "report" or name in RUN_OWNED or (stage, name) in sweep:
+            raise UserError(f"{origin}: sweep key {key} cannot be swept (a report option, set by fedcli run, or "
+                            "given twice)")
+        check_run_keys(stage, {name: None}, origin)
         checked = [stage_values(STAGE_CLASSES[stage], stage, {name: v}, f"{origin} [sweep]")[name] for v in values]
         sweep[(stage, name)] = checked
     return sweep

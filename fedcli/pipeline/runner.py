@@ -18,9 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedcli import console
 from fedcli.config import METRIC_COLUMNS, FederateConfig, to_json
-from fedcli.errors import UserError
+from fedcli.data.manifest import Manifest
 from fedcli.fl.strategies import NEEDS_BUFFERS
 from fedcli.pipeline.ledger import Ledger, fingerprint
 from fedcli.pipeline.recipe import RUN_OWNED, Point, Recipe
@@ -48,8 +50,10 @@ class Runner:
         return self.recipe.configs(self.recipe.points()[0], self.exp)["report"]
 
     def run(self) -> list[Step]:
-        for point in self.recipe.points():
+        points = self.recipe.points()
+        for point in points:
             self.run_point(point)
+        self.prune_points([p.name for p in points])
         report = self.report_config
         fp = fingerprint("report", plain(report), self.fingerprints)
         if any(step.status == "ran" for step in self.steps):
@@ -65,6 +69,12 @@ class Runner:
         part, gan, fed, audit = (cfgs[t] for t in ("partition", "train_gan", "federate", "audit"))
         p_fp = fingerprint("partition", plain(part), [])
         self.unit(folder, point.name, "partition", p_fp, "partition", lambda: partition_run(part))
+        nodes = set(Manifest.load(folder).node_names)
+        for stage_dir in ("gan", "audit"):  # a node an earlier partition had must not linger in the report
+            prune(folder / stage_dir, keep=nodes)
+        prune(folder / "federate", keep=set(fed.strategy) | {"cv"})
+        prune(folder / "select", keep={grid_name(v) for s in fed.strategy for v in self.recipe.grid(s)}
+              if self.recipe.select else set())
         g_fp = fingerprint("train-gan", plain(gan), [p_fp])
         self.unit(folder, point.name, "train-gan", g_fp, "gan", lambda: gan_run(gan))
         for strategy in fed.strategy:
@@ -80,16 +90,14 @@ class Runner:
     def select(self, folder: Path, label: str, fed: FederateConfig, strategy: str, upstream: list[str],
                partition_folds: int) -> tuple[dict[str, Any], list[str]]:
         """Model selection: the grid point with the best mean validation score over K train folds."""
-        if not self.recipe.select:
+        grid = self.recipe.grid(strategy)
+        if not self.recipe.select or grid == [{}]:
             return {}, []
         folds = self.recipe.select["folds"] or partition_folds
-        if folds > partition_folds:
-            raise UserError(f"select.folds = {folds} but the partition has {partition_folds} folds; lower "
-                            "select.folds or raise partition.folds")
         metric = METRIC_COLUMNS[self.recipe.select["metric"]]
         best, fps = None, []
-        for values in self.recipe.grid(strategy):
-            name = ",".join(f"{k.replace('_', '-')}={v}" for k, v in values.items()) or "default"
+        for values in grid:
+            name = grid_name(values)
             sub = folder / "select" / name
             cfg = dataclasses.replace(fed, exp=sub, strategy=(strategy,), eval_every=values.get("rounds", fed.rounds),
                                       **values)
@@ -103,12 +111,27 @@ class Runner:
                     federate_run(dataclasses.replace(cfg, fold=fold))
             self.unit(folder, label, f"select {strategy} {name}", fp, f"select/{name}/federate/cv/{strategy}", validate)
             score = validation_score(folder / "select" / name / "federate" / "cv" / strategy, folds, metric)
-            if best is None or score > best[0]:
+            if best is None or score > best[0] or (np.isnan(best[0]) and not np.isnan(score)):
                 best = (score, values)
         console.out.print(f"{label + ': ' if label else ''}select {strategy}: "
                           f"{', '.join(f'{k}={v}' for k, v in best[1].items()) or 'defaults'} "
                           f"(mean validation {self.recipe.select['metric']} {best[0]:.3f} over {folds} folds)")
         return best[1], fps
+
+    def prune_points(self, names: list[str]) -> None:
+        """Sub-experiments (and a root-level experiment) that the recipe no longer makes go."""
+        runs = self.exp / "runs"
+        if names == [""]:
+            remove(runs)
+            return
+        for stale in (p for p in runs.iterdir() if p.name not in names and not p.name.startswith(".")):
+            console.out.print(f"removing {stale}: no longer in the recipe's sweep")
+            remove(stale)
+        ledger = Ledger(self.exp)
+        for stage_dir in ("partition", "gan", "federate", "audit", "select"):
+            remove(self.exp / stage_dir)
+        for unit in [u for u in ledger.data["units"] if u != "report"]:
+            ledger.forget(unit)
 
     def unit(self, folder: Path, label: str, unit: str, fp: str, rel: str, action: Callable[[], Any]) -> None:
         target = folder / rel
@@ -127,7 +150,8 @@ class Runner:
             console.out.print(f"{prefix}{unit}: up to date, skipped")
             return
         ledger.forget(unit)
-        remove(target)
+        if target.is_symlink():  # it was shared; a real folder is replaced by the stage only on success
+            target.unlink()
         console.out.print(f"{prefix}{unit}: running")
         start = time.perf_counter()
         action()
@@ -153,14 +177,18 @@ def federate_key(cfg: FederateConfig) -> dict[str, Any]:
     return key
 
 
-def validation_score(folder: Path, folds: int, metric: str) -> float:
-    """Mean over folds of the mean over nodes of each node's own model on its validation fold."""
-    import numpy as np
+def grid_name(values: dict[str, Any]) -> str:
+    return ",".join(f"{k.replace('_', '-')}={v}" for k, v in values.items())
 
+
+def validation_score(folder: Path, folds: int, metric: str) -> float:
+    """Mean over folds of the mean over nodes of each node's own model on its validation fold (NaN, e.g. an
+    AUROC on a one-class fold, is left out)."""
     from fedcli.report.collect import load_metrics, own_scores
 
-    per_fold = [np.mean(list(own_scores(load_metrics(folder / f"fold{k}"), metric).values())) for k in range(folds)]
-    return float(np.mean(per_fold))
+    per_fold = [list(own_scores(load_metrics(folder / f"fold{k}"), metric).values()) for k in range(folds)]
+    values = [v for fold in per_fold for v in fold if not np.isnan(v)]
+    return float(np.mean(values)) if values else float("nan")
 
 
 def link(target: Path, source: Path) -> None:
@@ -171,6 +199,13 @@ def link(target: Path, source: Path) -> None:
     remove(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.symlink_to(relative, target_is_directory=True)
+
+
+def prune(folder: Path, keep: set[str]) -> None:
+    if folder.is_dir() and not folder.is_symlink():
+        for entry in folder.iterdir():
+            if entry.name not in keep and not entry.name.startswith("."):
+                remove(entry)
 
 
 def remove(target: Path) -> None:

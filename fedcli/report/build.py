@@ -17,7 +17,7 @@ from fedcli.report.collect import SubExperiment, load_experiment, replicate_grou
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.study import Missing, ReportTable
 
-GROUP_TABLES = (study.headline, study.table2, study.table3, study.table4, study.table5, study.table7, study.table8)
+GROUP_TABLES = (study.headline, study.table1, study.table2, study.table3, study.table4, study.table5, study.table7, study.table8)
 
 
 @dataclasses.dataclass
@@ -92,7 +92,6 @@ def run(cfg: ReportConfig) -> Report:
             if figures.rounds_figure(reps, metric, out / "figures" / name, f"{cfg.metric} per round {label}".strip()):
                 w.figure(name, f"{cfg.metric} per round per strategy (mean over nodes, own test sets)")
         before = len(w.lines)
-        w.table(study.table1(subs, metric))
         w.table(study.table6(subs, metric))
         w.table(study.alpha_table(subs, metric))
         if figures.scalability_figure(subs, metric, out / "figures" / "scalability.png"):
@@ -101,7 +100,7 @@ def run(cfg: ReportConfig) -> Report:
             w.missing.setdefault("Scalability figure", Missing("Scalability figure", "runs with several numbers of "
                                                                "nodes (recipes/scalability.toml)"))
         if len(w.lines) > before:
-            w.lines[before:before] = ["## Model selection and sweeps", ""]
+            w.lines[before:before] = ["## Across the sweep", ""]
         w.lines += ["## Privacy", ""]
         for label, reps in groups.items():
             w.table(study.privacy_table(reps), label if len(groups) > 1 else "")

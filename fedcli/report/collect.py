@@ -43,8 +43,8 @@ class Stat:
         if self.n == 0:
             return "-"
         small = 0 < abs(self.mean) < 0.1  # LPIPS distances: three significant digits, not three decimals
-        mean = f"{self.mean:.3g}" if small else f"{self.mean:.3f}"
-        std = f"{self.std:.2g}" if small else f"{self.std:.3f}"
+        mean = f"{self.mean:#.3g}" if small else f"{self.mean:.3f}"
+        std = f"{self.std:#.2g}" if small else f"{self.std:.3f}"
         return f"{mean} ± {std}" if self.n > 1 else mean
 
 

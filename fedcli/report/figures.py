@@ -53,8 +53,12 @@ def scalability_figure(subs: list[SubExperiment], metric: str, path: Path) -> bo
     """Final mean node performance against the number of nodes, per strategy (needs >= 2 node counts)."""
     plt = pyplot()
     values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    seen = set()
     for sub in subs:
         for run in sub.runs:
+            if run.folder.resolve() in seen:  # shared between sweep points: one measurement
+                continue
+            seen.add(run.folder.resolve())
             scores = own_scores(run.metrics, metric)
             values[run.strategy][len(sub.nodes)].append(float(np.mean(list(scores.values()))))
     if len({n for per in values.values() for n in per}) < 2:

@@ -49,6 +49,17 @@ def strategies_in(subs: list[SubExperiment], wanted) -> list[str]:
     return [name for name in wanted if name in present]
 
 
+def distinct(subs: list[SubExperiment], strategy: str) -> list[SubExperiment]:
+    """Sub-experiments with their own run of `strategy`: one that a sweep shared (a symlink) counts once."""
+    seen, out = set(), []
+    for s in subs:
+        run = s.run(strategy)
+        if run is not None and run.folder.resolve() not in seen:
+            seen.add(run.folder.resolve())
+            out.append(s)
+    return out
+
+
 def nodes_of(subs: list[SubExperiment]) -> list[str]:
     return next((s.nodes for s in subs if s.nodes), [])
 
@@ -149,9 +160,8 @@ def table6(subs: list[SubExperiment], metric: str) -> Built:
     title = "Table 6. Buffer-size ablation: FedER node convergence per buffer size"
     nodes = nodes_of(subs)
     by_size: dict[int, list[SubExperiment]] = defaultdict(list)
-    for s in subs:
-        if (run := s.run("feder")) is not None:
-            by_size[int(run.config.get("buffer_size") or 0)].append(s)
+    for s in distinct(subs, "feder"):
+        by_size[int(s.run("feder").config.get("buffer_size") or 0)].append(s)
     if len(by_size) < 2:
         return Missing(title, "FedER runs with several buffer sizes (recipes/buffer-ablation.toml)")
     rows = {}
