@@ -632,3 +632,62 @@ def test_cli_two_different_folders_is_a_user_error(cli, tmp_path):
     line = cli.user_error("report", exp, "--exp", tmp_path / "other")
     assert "two experiment folders" in line
     assert not (exp / "report").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Across a sweep: GAN alpha, scalability, shared runs
+
+
+def write_nodes_manifest(folder: Path, n: int) -> None:
+    nodes = [{"name": f"n{i}", "site": "s", "train": [{"id": f"n{i}-tr", "label": 0, "index": i, "fold": 0}],
+              "test": [{"id": f"n{i}-te", "label": 0, "index": 100 + i}]} for i in range(n)]
+    write_json(folder / "partition" / "manifest.json", {"source": "digits", "scheme": "iid", "seed": 0,
+                                                        "image_size": 16, "label_names": ["a"], "nodes": nodes})
+
+
+def test_alpha_table_shows_fid_distance_and_auroc_per_alpha(tmp_path):
+    for alpha, fid, distance, auroc in ((0.0, 10.0, 0.1, 0.7), (2.0, 30.0, 0.3, 0.5)):
+        sub = tmp_path / "runs" / f"alpha={alpha}"
+        write_point(sub, ("train_gan", "alpha", alpha))
+        write_manifest(sub)
+        for node in NODES:
+            write_gan(sub, node, fid1=1.0, fid2=fid, alpha=alpha)
+            write_audit(sub, node, 0.1, 0.2, 0.6, auroc, 0.5, "pass")
+            summary = json.loads((sub / "audit" / node / "summary.json").read_text())
+            summary["buffer"]["synthetic_nearest_real_lpips_mean"] = distance
+            write_json(sub / "audit" / node / "summary.json", summary)
+        write_run(sub / "federate" / "feder", "feder", own_cross({"n0": 0.5 + alpha / 10, "n1": 0.7}, {}))
+    table = study.alpha_table(load_experiment(tmp_path), "accuracy")
+    assert list(table.frame.index) == ["alpha 0", "alpha 2"]
+    assert table.frame.loc["alpha 2", "FID"].mean == 30.0 and table.frame.loc["alpha 0", "FID"].n == 2
+    assert table.frame.loc["alpha 2", "nearest-real LPIPS"].mean == pytest.approx(0.3)
+    assert table.frame.loc["alpha 0", "AUROC priv"].mean == pytest.approx(0.7)
+    assert table.frame.loc["alpha 2", "FedER accuracy"].mean == pytest.approx((0.7 + 0.7) / 2)
+    assert isinstance(study.alpha_table(load_experiment(tmp_path)[:1], "accuracy"), study.Missing)
+
+
+def test_scalability_figure_needs_several_node_counts_and_counts_a_shared_run_once(tmp_path):
+    for n in (2, 3):
+        sub = tmp_path / "runs" / f"nodes={n}"
+        write_point(sub, ("partition", "nodes", n))
+        write_nodes_manifest(sub, n)
+        write_run(sub / "federate" / "fedavg", "fedavg", shared("global", {f"n{i}": 0.5 + n / 10 for i in range(n)}))
+    subs = load_experiment(tmp_path)
+    assert figures.scalability_figure(subs, "accuracy", tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    assert not figures.scalability_figure(subs[:1], "accuracy", tmp_path / "t.png")
+
+    # a buffer sweep whose second point links the first one's FedER run (a symlink) counts it once
+    buffers = tmp_path / "buffers"
+    for size in (0, 10):
+        sub = buffers / "runs" / f"buffer-size={size}"
+        write_point(sub, ("federate", "buffer_size", size))
+        write_manifest(sub)
+        write_run(sub / "federate" / "feder", "feder", FEDER, buffer_size=size)
+    linked = buffers / "runs" / "mu=1"
+    write_point(linked, ("federate", "mu", 1.0))
+    write_manifest(linked)
+    (linked / "federate").mkdir()
+    (linked / "federate" / "feder").symlink_to(buffers / "runs" / "buffer-size=10" / "federate" / "feder")
+    table = study.table6(load_experiment(buffers), "accuracy")
+    assert table.frame.loc["buffer 10", "n0"].n == 2  # two node models, not four
