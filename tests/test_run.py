@@ -112,8 +112,11 @@ def test_sweep_makes_sub_experiments_that_share_upstream_stages(cli, tmp_path):
     assert set(statuses(cli.ok("run", path, "--exp", exp).output).values()) <= {"skipped", "shared"}
 
     # a sweep value dropped from the recipe leaves nothing behind for the report to count
-    cli.ok("run", path, "--exp", exp, "--set", "sweep.federate.buffer-size=[10]")
+    again = statuses(cli.ok("run", path, "--exp", exp, "--set", "sweep.federate.buffer-size=[10]").output)
     assert not a.exists() and sorted(p.name for p in (exp / "runs").iterdir()) == ["buffer-size=10"]
+    # the GANs it shared with the dropped point moved here instead of being trained again
+    assert again["buffer-size=10: train-gan"] == "skipped" and again["buffer-size=10: federate feder"] == "skipped"
+    assert not (b / "gan").is_symlink() and (b / "gan" / "node0" / "buffer.safetensors").is_file()
     assert "Table 6" not in (exp / "report" / "report.md").read_text().split("## Not in this report")[0]
 
 

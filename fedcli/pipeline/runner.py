@@ -145,6 +145,8 @@ class Runner:
             return
         self.owners[fp] = target
         ledger = Ledger(folder)
+        if adopt(target, rel, unit, fp):
+            ledger.record(unit, fp, target)
         if ledger.up_to_date(unit, fp, target):
             self.steps.append(Step(label, unit, "skipped", 0.0))
             console.out.print(f"{prefix}{unit}: up to date, skipped")
@@ -159,6 +161,21 @@ class Runner:
         ledger.record(unit, fp, target)
         self.steps.append(Step(label, unit, "ran", seconds))
         console.out.print(f"{prefix}{unit}: done in {seconds:.1f} s")
+
+
+def adopt(target: Path, rel: str, unit: str, fp: str) -> bool:
+    """A link to another sub-experiment's up-to-date output of this very unit becomes this folder's own
+    (the output moves here), so that dropping or reordering sweep values does not retrain it."""
+    if not target.is_symlink() or not target.exists():
+        return False
+    source = target.resolve()
+    source_point = source.parents[len(Path(rel).parts) - 1]
+    if not Ledger(source_point).up_to_date(unit, fp, source):
+        return False
+    target.unlink()
+    shutil.move(source, target)
+    Ledger(source_point).forget(unit)
+    return True
 
 
 def plain(cfg) -> dict[str, Any]:
