@@ -16,7 +16,7 @@ from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
-CONFIG_HELP = "TOML recipe; its [stage] table sets options, which options given here override."
+CONFIG_HELP = "TOML recipe; its \\[stage] table sets options, which options given here override."
 
 
 class OneLineErrors(TyperGroup):
@@ -309,8 +309,8 @@ def report(
 
 @app.command(epilog="Example: fedcli run recipes/quickstart.toml --set federate.rounds=3")
 def run(
-    recipe: Path = typer.Argument(..., help="TOML recipe: [partition], [train_gan], [federate], [audit], [report], "
-                                  "optionally [sweep] and [select]."),
+    recipe: Path = typer.Argument(..., help="TOML recipe: \\[partition], \\[train_gan], \\[federate], \\[audit], "
+                                  "\\[report], optionally \\[sweep] and \\[select]."),
     exp: Optional[Path] = typer.Option(None, "--exp", help="Experiment folder \\[default: results/<recipe name>].",
                                        show_default=False),
     set_: list[str] = typer.Option([], "--set", help="Repeatable table.key=value overriding the recipe, e.g. "
@@ -319,8 +319,8 @@ def run(
     """Run a recipe's stages in order (partition, train-gan, federate, audit-privacy, report) into one folder.
 
     A stage whose resolved config and inputs are unchanged since the last run is skipped; changing an
-    option reruns that stage and everything downstream of it. A [sweep] makes sub-experiments under
-    <exp>/runs/, sharing the stages they have in common; a [select] table picks each strategy's
+    option reruns that stage and everything downstream of it. A \\[sweep] makes sub-experiments under
+    <exp>/runs/, sharing the stages they have in common; a \\[select] table picks each strategy's
     rounds/epochs/lr/mu by cross-validation on the train folds before the final run.
     """
     import time

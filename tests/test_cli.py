@@ -22,6 +22,11 @@ def test_help_lists_the_five_stages_each_with_an_example(cli):
         assert "Example: fedcli " + stage in cli.ok(stage, "--help").output
 
 
+def test_help_keeps_bracketed_names_that_rich_markup_would_swallow(cli):
+    assert "[sweep]" in cli.ok("run", "--help").output and "[select]" in cli.ok("run", "--help").output
+    assert "[stage]" in cli.ok("partition", "--help").output
+
+
 def test_parser_errors_are_one_line_too(cli, tmp_path):
     line = cli.user_error("partition", "--source", "mnist", "--exp", tmp_path)
     assert "--source" in line and "--help" in line
