@@ -96,6 +96,39 @@ def test_a_stage_rerun_by_hand_is_stale_for_the_next_run(cli, tmp_path):
     assert pd.read_csv(exp / "federate" / "standalone" / "metrics.csv")["round"].max() == 2
 
 
+def test_an_interrupted_federate_unit_continues_from_its_last_round(cli, tmp_path, monkeypatch):
+    from fedcli.fl.progress import RoundProgress
+
+    path = recipe(tmp_path, strategies=("feder",))
+    reference = tmp_path / "reference"
+    cli.ok("run", path, "--exp", reference, "--set", "federate.rounds=3")
+
+    def power_cut(self, round_):
+        if round_ == 2:
+            raise RuntimeError("power cut")
+    exp = tmp_path / "exp"
+    monkeypatch.setattr(RoundProgress, "update", power_cut)
+    assert isinstance(cli("run", path, "--exp", exp, "--set", "federate.rounds=3").exception, RuntimeError)
+    monkeypatch.undo()
+    checkpoint = json.loads((exp / "federate" / ".feder.checkpoint" / "progress.json").read_text())
+    assert checkpoint["round"] == 2 and not (exp / "federate" / "feder").exists()
+
+    output = cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").output
+    assert "feder: resuming from the last completed round" in output
+    assert statuses(output)["train-gan"] == "skipped"
+    pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / "feder" / "metrics.csv"),
+                                  pd.read_csv(reference / "federate" / "feder" / "metrics.csv"))
+
+    # a checkpoint left by other options is not resumed: the unit starts over
+    monkeypatch.setattr(RoundProgress, "update", power_cut)
+    cli("run", path, "--exp", exp, "--set", "federate.rounds=4")
+    monkeypatch.undo()
+    output = cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").output
+    assert "starting over" in output
+    pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / "feder" / "metrics.csv"),
+                                  pd.read_csv(reference / "federate" / "feder" / "metrics.csv"))
+
+
 def test_sweep_makes_sub_experiments_that_share_upstream_stages(cli, tmp_path):
     path = recipe(tmp_path, strategies=("feder",), extra='\n[sweep]\n"federate.buffer-size" = [0, 10]\n')
     exp = tmp_path / "exp"

@@ -245,8 +245,18 @@ def gan_run(cfg) -> None:
 
 
 def federate_run(cfg) -> None:
-    from fedcli.fl.stage import run
+    """One strategy (and fold); an interrupted run of the same unit continues from its last round."""
+    from fedcli.fl.engine import CheckpointMismatch
+    from fedcli.fl.stage import checkpoint_dir, run
+    from fedcli.layout import federate_dir
 
+    if checkpoint_dir(federate_dir(cfg.exp, cfg.strategy[0], cfg.fold)).is_dir():
+        try:
+            console.out.print(f"{cfg.strategy[0]}: resuming from the last completed round")
+            run(dataclasses.replace(cfg, overwrite=True, resume=True))
+            return
+        except CheckpointMismatch:
+            console.out.print(f"{cfg.strategy[0]}: the checkpoint was made with other options; starting over")
     run(dataclasses.replace(cfg, overwrite=True))
 
 
