@@ -332,11 +332,10 @@ def run(
 
     start = time.perf_counter()
     runner = Runner(Recipe.load(recipe, set_), exp if exp is not None else Path("results") / recipe.stem)
-    steps = runner.run()
+    counts = runner.run()
     headline = headline_table(runner.report_config)
     if headline is not None:
         console.out.print(rich_table(headline))
-    counts = {status: sum(s.status == status for s in steps) for status in ("ran", "skipped", "shared")}
     console.out.print(f"{counts['ran']} ran, {counts['skipped']} up to date (skipped), {counts['shared']} shared "
                       f"with another sub-experiment; {time.perf_counter() - start:.0f} s")
     console.out.print(f"report: {runner.exp / 'report' / 'report.md'}")

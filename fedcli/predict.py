@@ -27,12 +27,11 @@ from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device
 from fedcli.errors import UserError
 from fedcli.fl.evaluate import predict
-from fedcli.fl.strategies import STRATEGIES
+from fedcli.fl.strategies import SHARED_MODELS, STRATEGIES
 from fedcli.layout import federate_dir
 from fedcli.models.classifier import build_classifier
 
 ARRAY_SOURCES = {"digits", "medmnist"}  # trained from in-memory arrays, resized as float tensors
-SHARED_KEYS = ("global", "central")  # strategies whose every node uses one model
 
 
 @dataclasses.dataclass
@@ -115,7 +114,7 @@ def choose_models(folder: Path, strategy: str, manifest: Manifest, node: str | N
         if node not in keys:
             raise UserError(f"{strategy} has no model {node!r}; choose --node from {', '.join(keys)}")
         return node, [node]
-    shared = [k for k in SHARED_KEYS if k in keys]
+    shared = [k for k in SHARED_MODELS if k in keys]
     if shared or len(keys) == 1:
         return (shared or keys)[0], [(shared or keys)[0]]
     raise UserError(f"{strategy} has one model per node; pass --node with one of {', '.join(keys)}, or --ensemble")

@@ -134,6 +134,10 @@ class Federation:
         return rows
 
 
+class CheckpointMismatch(UserError):
+    """A checkpoint left by a run with other options: it cannot be resumed."""
+
+
 class Checkpoint:
     """The last completed round: model states (safetensors) and the rows so far (JSON, written last)."""
 
@@ -160,17 +164,13 @@ class Checkpoint:
     def load(self, config: dict) -> tuple[int, dict[str, dict[str, torch.Tensor]], list[dict], list[Transfer]]:
         progress = json.loads((self.folder / "progress.json").read_text())
         if progress["config"] != config:
-            raise CheckpointMismatch(f"the checkpoint in {self.folder} was made with other options; rerun without --resume "
-                            "(with --overwrite) or with the same options")
+            raise CheckpointMismatch(f"the checkpoint in {self.folder} was made with other options; rerun without "
+                                     "--resume (with --overwrite) or with the same options")
         states: dict[str, dict[str, torch.Tensor]] = {}
         for name, tensor in load_tensors(self.folder / progress["models"], "checkpoint").items():
             key, _, tensor_name = name.partition("/")
             states.setdefault(key, {})[tensor_name] = tensor
         return progress["round"], states, progress["rows"], [Transfer(**t) for t in progress["transfers"]]
-
-
-class CheckpointMismatch(UserError):
-    """A checkpoint left by a run with other options: it cannot be resumed."""
 
 
 def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int, checkpoint: Checkpoint,

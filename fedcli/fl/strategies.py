@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 STRATEGIES = ("feder", "feder-a", "feder-b", "cyclic", "fedavg", "fedprox", "fedbn", "standalone", "central",
               "central-synthetic", "central-mixed")
 NEEDS_BUFFERS = {"feder", "feder-a", "feder-b", "central-synthetic", "central-mixed"}
+SHARED_MODELS = ("global", "central")  # model keys of strategies whose every node uses one model
 
 
 class Strategy(abc.ABC):

@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import itertools
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +96,8 @@ class Recipe:
         short = [name for _, name in keys]
         points = []
         for combo in itertools.product(*(self.sweep[k] for k in keys)):
-            label = ",".join(f"{(name if short.count(name) == 1 else f'{table}.{name}').replace('_', '-')}="
-                             f"{format_value(v)}" for (table, name), v in zip(keys, combo))
-            points.append(Point(label, tuple((t, n, v) for (t, n), v in zip(keys, combo))))
+            name = key_values((n if short.count(n) == 1 else f"{t}.{n}", v) for (t, n), v in zip(keys, combo))
+            points.append(Point(name, tuple((t, n, v) for (t, n), v in zip(keys, combo))))
         return points
 
     def configs(self, point: Point, exp: Path) -> dict[str, Any]:
@@ -118,6 +118,11 @@ def check_run_keys(table: str, values: dict[str, Any], origin: str) -> None:
         if name in NOT_IN_RUN:
             raise UserError(f"{origin}: {table}.{name.replace('_', '-')} does not apply to fedcli run "
                             f"({NOT_IN_RUN[name]}); remove it from the recipe")
+
+
+def key_values(items: Iterable[tuple[str, Any]]) -> str:
+    """`key=value,...` with option names as on the command line: sub-experiment and grid folder names."""
+    return ",".join(f"{key.replace('_', '-')}={format_value(value)}" for key, value in items)
 
 
 def format_value(value: Any) -> str:

@@ -11,9 +11,11 @@ buffer-size sweep trains the GANs once.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,41 +27,33 @@ from fedcli.config import METRIC_COLUMNS, FederateConfig, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.fl.strategies import NEEDS_BUFFERS
 from fedcli.pipeline.ledger import Ledger, fingerprint
-from fedcli.pipeline.recipe import RUN_OWNED, Point, Recipe
+from fedcli.pipeline.recipe import RUN_OWNED, Point, Recipe, key_values
 
 BUFFER_KEYS = ("buffer_size", "lam", "buffer_codec")
-
-
-@dataclasses.dataclass
-class Step:
-    point: str
-    unit: str
-    status: str  # ran, skipped, shared
-    seconds: float
 
 
 class Runner:
     def __init__(self, recipe: Recipe, exp: Path):
         self.recipe, self.exp = recipe, Path(exp)
         self.owners: dict[str, Path] = {}  # fingerprint -> the folder holding that unit's output
-        self.steps: list[Step] = []
+        self.statuses: Counter[str] = Counter()  # ran, skipped, shared
         self.fingerprints: list[str] = []
 
     @property
     def report_config(self):
         return self.recipe.configs(self.recipe.points()[0], self.exp)["report"]
 
-    def run(self) -> list[Step]:
+    def run(self) -> Counter[str]:
         points = self.recipe.points()
         for point in points:
             self.run_point(point)
         self.prune_points([p.name for p in points])
         report = self.report_config
         fp = fingerprint("report", plain(report), self.fingerprints)
-        if any(step.status == "ran" for step in self.steps):
+        if self.statuses["ran"]:
             Ledger(self.exp).forget("report")  # an input was remade: the report is redrawn
         self.unit(self.exp, "", "report", fp, "report", lambda: report_run(report))
-        return self.steps
+        return self.statuses
 
     def run_point(self, point: Point) -> None:
         folder = self.exp / "runs" / point.name if point.name else self.exp
@@ -68,15 +62,15 @@ class Runner:
         cfgs = self.recipe.configs(point, folder)
         part, gan, fed, audit = (cfgs[t] for t in ("partition", "train_gan", "federate", "audit"))
         p_fp = fingerprint("partition", plain(part), [])
-        self.unit(folder, point.name, "partition", p_fp, "partition", lambda: partition_run(part))
+        self.unit(folder, point.name, "partition", p_fp, "partition", lambda: stage_run("fedcli.data.partition", part))
         nodes = set(Manifest.load(folder).node_names)
         for stage_dir in ("gan", "audit"):  # a node an earlier partition had must not linger in the report
             prune(folder / stage_dir, keep=nodes)
         prune(folder / "federate", keep=set(fed.strategy) | {"cv"})
-        prune(folder / "select", keep={grid_name(v) for s in fed.strategy for v in self.recipe.grid(s)}
+        prune(folder / "select", keep={key_values(v.items()) for s in fed.strategy for v in self.recipe.grid(s)}
               if self.recipe.select else set())
         g_fp = fingerprint("train-gan", plain(gan), [p_fp])
-        self.unit(folder, point.name, "train-gan", g_fp, "gan", lambda: gan_run(gan))
+        self.unit(folder, point.name, "train-gan", g_fp, "gan", lambda: stage_run("fedcli.gan.stage", gan))
         for strategy in fed.strategy:
             upstream = [p_fp, g_fp] if strategy in NEEDS_BUFFERS else [p_fp]
             chosen, select_fps = self.select(folder, point.name, fed, strategy, upstream, part.folds)
@@ -85,7 +79,7 @@ class Runner:
             self.unit(folder, point.name, f"federate {strategy}", fp, f"federate/{strategy}",
                       lambda cfg=cfg: federate_run(cfg))
         a_fp = fingerprint("audit-privacy", plain(audit), [p_fp, g_fp])
-        self.unit(folder, point.name, "audit-privacy", a_fp, "audit", lambda: audit_run(audit))
+        self.unit(folder, point.name, "audit-privacy", a_fp, "audit", lambda: stage_run("fedcli.audit.stage", audit))
 
     def select(self, folder: Path, label: str, fed: FederateConfig, strategy: str, upstream: list[str],
                partition_folds: int) -> tuple[dict[str, Any], list[str]]:
@@ -97,7 +91,7 @@ class Runner:
         metric = METRIC_COLUMNS[self.recipe.select["metric"]]
         best, fps = None, []
         for values in grid:
-            name = grid_name(values)
+            name = key_values(values.items())
             sub = folder / "select" / name
             cfg = dataclasses.replace(fed, exp=sub, strategy=(strategy,), eval_every=values.get("rounds", fed.rounds),
                                       **values)
@@ -140,7 +134,7 @@ class Runner:
         owner = self.owners.get(fp)
         if owner is not None and owner != target:
             link(target, owner)
-            self.steps.append(Step(label, unit, "shared", 0.0))
+            self.statuses["shared"] += 1
             console.out.print(f"{prefix}{unit}: same inputs as {os.path.relpath(owner, self.exp)}, shared")
             return
         self.owners[fp] = target
@@ -148,7 +142,7 @@ class Runner:
         if adopt(target, rel, unit, fp):
             ledger.record(unit, fp, target)
         if ledger.up_to_date(unit, fp, target):
-            self.steps.append(Step(label, unit, "skipped", 0.0))
+            self.statuses["skipped"] += 1
             console.out.print(f"{prefix}{unit}: up to date, skipped")
             return
         ledger.forget(unit)
@@ -159,7 +153,7 @@ class Runner:
         action()
         seconds = time.perf_counter() - start
         ledger.record(unit, fp, target)
-        self.steps.append(Step(label, unit, "ran", seconds))
+        self.statuses["ran"] += 1
         console.out.print(f"{prefix}{unit}: done in {seconds:.1f} s")
 
 
@@ -192,10 +186,6 @@ def federate_key(cfg: FederateConfig) -> dict[str, Any]:
     if strategy != "fedprox":
         key.pop("mu")
     return key
-
-
-def grid_name(values: dict[str, Any]) -> str:
-    return ",".join(f"{k.replace('_', '-')}={v}" for k, v in values.items())
 
 
 def validation_score(folder: Path, folds: int, metric: str) -> float:
@@ -232,16 +222,9 @@ def remove(target: Path) -> None:
         shutil.rmtree(target)
 
 
-def partition_run(cfg) -> None:
-    from fedcli.data.partition import run
-
-    run(dataclasses.replace(cfg, overwrite=True))
-
-
-def gan_run(cfg) -> None:
-    from fedcli.gan.stage import run
-
-    run(dataclasses.replace(cfg, overwrite=True))
+def stage_run(module: str, cfg) -> None:
+    """A stage's `run` (partition, train-gan, audit-privacy), replacing a stale output only when it succeeds."""
+    importlib.import_module(module).run(dataclasses.replace(cfg, overwrite=True))
 
 
 def federate_run(cfg) -> None:
@@ -257,12 +240,6 @@ def federate_run(cfg) -> None:
             return
         except CheckpointMismatch:
             console.out.print(f"{cfg.strategy[0]}: the checkpoint was made with other options; starting over")
-    run(dataclasses.replace(cfg, overwrite=True))
-
-
-def audit_run(cfg) -> None:
-    from fedcli.audit.stage import run
-
     run(dataclasses.replace(cfg, overwrite=True))
 
 

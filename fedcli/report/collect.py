@@ -17,9 +17,10 @@ import numpy as np
 import pandas as pd
 
 from fedcli.errors import UserError
+from fedcli.fl.strategies import SHARED_MODELS
 from fedcli.pipeline.ledger import point_values
+from fedcli.pipeline.recipe import key_values
 
-SHARED_MODELS = ("global", "central")
 SEED_KEY = "partition.seed"
 
 
@@ -144,8 +145,8 @@ def replicate_groups(subs: list[SubExperiment]) -> dict[str, list[SubExperiment]
     """Sub-experiments keyed by their sweep values without the seed ('' when nothing but seeds varies)."""
     groups: dict[str, list[SubExperiment]] = {}
     for sub in subs:
-        label = ",".join(f"{k.split('.', 1)[1].replace('_', '-')}={v}" for k, v in sub.point.items() if k != SEED_KEY)
-        groups.setdefault(label, []).append(sub)
+        name = key_values((k.split(".", 1)[1], v) for k, v in sub.point.items() if k != SEED_KEY)
+        groups.setdefault(name, []).append(sub)
     return groups
 
 
@@ -153,11 +154,14 @@ def final_rows(metrics: pd.DataFrame) -> pd.DataFrame:
     return metrics[metrics["round"] == metrics["round"].max()]
 
 
+def own_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Rows of each node's model (or the one shared model) on that node's own test set."""
+    return metrics[(metrics.model_node == metrics.test_node) | metrics.model_node.isin(SHARED_MODELS)]
+
+
 def own_scores(metrics: pd.DataFrame, metric: str) -> dict[str, float]:
-    """Each node's model (or the one shared model) on that node's own test set, final round."""
-    rows = final_rows(metrics)
-    own = rows[(rows.model_node == rows.test_node) | rows.model_node.isin(SHARED_MODELS)]
-    return {str(r.test_node): float(getattr(r, metric)) for r in own.itertuples()}
+    """Each node's own-test-set score at the final round."""
+    return {str(r.test_node): float(getattr(r, metric)) for r in own_rows(final_rows(metrics)).itertuples()}
 
 
 def cross_scores(metrics: pd.DataFrame, metric: str, nodes: list[str]) -> dict[str, list[float]]:

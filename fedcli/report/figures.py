@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcli.audit.figures import pyplot
-from fedcli.report.collect import SHARED_MODELS, Stat, SubExperiment, own_scores
+from fedcli.report.collect import Stat, SubExperiment, own_rows, own_scores
 
 
 def save(fig, path: Path) -> None:
@@ -18,8 +18,7 @@ def save(fig, path: Path) -> None:
 
 def per_round(metrics, metric: str) -> dict[int, float]:
     """Mean over nodes of each node's own model (or the shared model) on its own test set, per round."""
-    own = metrics[(metrics.model_node == metrics.test_node) | metrics.model_node.isin(SHARED_MODELS)]
-    return {int(r): float(v) for r, v in own.groupby("round")[metric].mean().items()}
+    return {int(r): float(v) for r, v in own_rows(metrics).groupby("round")[metric].mean().items()}
 
 
 def rounds_figure(subs: list[SubExperiment], metric: str, path: Path, title: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
+from fedcli.fl.strategies import SHARED_MODELS
+
 
 def gan_table(summaries: list[dict]) -> Table:
     """Per node: FID of both phases (with the feature space's name), iterations, and the buffer."""
@@ -22,7 +24,6 @@ def gan_table(summaries: list[dict]) -> Table:
     return table
 
 
-SINGLE_MODELS = ("global", "central")
 
 
 def final_round(rows: list[dict]) -> list[dict]:
@@ -33,7 +34,7 @@ def final_round(rows: list[dict]) -> list[dict]:
 def own_model_row(rows: list[dict], node: str) -> dict | None:
     """The model a node ends up with, on its own test set: its own model, or the shared one."""
     for r in rows:
-        if r["test_node"] == node and (r["model_node"] == node or r["model_node"] in SINGLE_MODELS):
+        if r["test_node"] == node and (r["model_node"] == node or r["model_node"] in SHARED_MODELS):
             return r
     return None
 
@@ -69,7 +70,7 @@ def node_convergence_table(runs, nodes: list[str], metric: str = "accuracy") -> 
         for node in nodes:
             values = [r[metric] for r in rows if r["test_node"] == node and r["model_node"] in nodes]
             if not values:
-                values = [r[metric] for r in rows if r["test_node"] == node and r["model_node"] in SINGLE_MODELS]
+                values = [r[metric] for r in rows if r["test_node"] == node and r["model_node"] in SHARED_MODELS]
             std = np.std(values, ddof=1) if len(values) > 1 else 0.0
             cells.append(f"{np.mean(values):.3f} ± {std:.3f}")
         table.add_row(run.strategy, *cells)
