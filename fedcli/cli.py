@@ -10,9 +10,8 @@ import typer
 from typer.core import TyperGroup
 
 from fedcli import __version__, console
-from fedcli.config import (AuditConfig, BufferCodec, Device, FederateConfig, GanConfig, LpipsNet, Metric, ModelName,
-                           PartitionConfig, ReportConfig, Scheme, Source, Task, resolve)
-from fedcli.data.manifest import Manifest
+from fedcli.config import (AuditConfig, BufferCodec, Device, Engine, FederateConfig, GanConfig, Launch, LpipsNet,
+                           Metric, ModelName, PartitionConfig, ReportConfig, Scheme, Source, Task, resolve)
 from fedcli.errors import UserError
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
@@ -205,7 +204,20 @@ def federate(
     cv: bool = typer.Option(FederateConfig.cv, help="Run every fold and report mean and std."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     device: Device = typer.Option(FederateConfig.device, help="auto (CUDA when present), cpu or cuda."),
-    resume: bool = typer.Option(FederateConfig.resume, help="Continue from the last completed round."),
+    engine: Engine = typer.Option(FederateConfig.engine, help="inprocess (every node simulated here) or "
+                                  "distributed (one torch.distributed process per node: gloo on CPU, nccl on CUDA)."),
+    launch: Launch = typer.Option(FederateConfig.launch, help="local: start one process per node on this machine "
+                                  "(loopback); none: this process is one node, started by torchrun."),
+    node: Optional[str] = typer.Option(None, help="Distributed: the node this process is \\[default: by rank].",
+                                       show_default=False),
+    timeout: float = typer.Option(FederateConfig.timeout, help="Distributed: seconds any transfer or collective "
+                                  "waits for a peer before the run stops."),
+    cross_eval: bool = typer.Option(FederateConfig.cross_eval, help="Distributed: send every node's model to every "
+                                    "node to fill the model x test-set matrix (counted as eval traffic)."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads per process \\[default: torch's; distributed "
+                                          "local: cores / nodes].", show_default=False),
+    resume: bool = typer.Option(FederateConfig.resume, help="Continue from the last completed round (either "
+                                "engine's checkpoint)."),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(FederateConfig.overwrite, help="Replace existing strategy folders."),
 ) -> None:
@@ -218,7 +230,9 @@ def federate(
 
     cfg = resolved_config(ctx, FederateConfig, "federate")
     runs = run(cfg)
-    nodes = Manifest.load(cfg.exp).node_names
+    if not runs:  # a distributed rank other than 0: rank 0 reports
+        return
+    nodes = runs[0].nodes
     for fold in sorted({r.fold for r in runs}, key=lambda f: -1 if f is None else f):
         chosen = [r for r in runs if r.fold == fold]
         if fold is not None:

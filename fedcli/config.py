@@ -196,6 +196,9 @@ class GanConfig:
 
 ModelName = Literal["cnn", "resnet18", "resnet50", "densenet121"]
 BufferCodec = Literal["png", "raw"]
+Engine = Literal["inprocess", "distributed"]
+Launch = Literal["none", "local"]
+ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,11 +227,17 @@ class FederateConfig:
     cv: bool = False
     seed: int | None = None
     device: Device = "auto"
+    engine: Engine = "inprocess"
+    launch: Launch = "none"
+    node: str | None = None  # distributed, one process per node: the node this process is
+    timeout: float = 300.0  # seconds any transfer or collective may wait for a peer
+    cross_eval: bool = False
+    threads: int | None = None
     resume: bool = False
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        from fedcli.fl.strategies import STRATEGIES
+        from fedcli.fl.strategies import POOLED, STRATEGIES
 
         object.__setattr__(self, "strategy", tuple(dict.fromkeys(self.strategy)))
         for name in self.strategy:
@@ -255,6 +264,22 @@ class FederateConfig:
             raise UserError(f"--model-weights {self.model_weights} does not exist")
         object.__setattr__(self, "node_batch", tuple(self.node_batch))
         self.batch_sizes()
+        if self.engine == "inprocess":
+            for name, value in (("launch", self.launch != "none"), ("node", self.node), ("cross-eval", self.cross_eval)):
+                if value:
+                    raise UserError(f"--{name} applies to --engine distributed (the in-process engine runs every "
+                                    "node and evaluates every model on every test set)")
+        if self.node is not None and self.launch == "local":
+            raise UserError("--node names the node of a process started by torchrun; --launch local assigns nodes "
+                            "itself, so drop --node")
+        pooled = [name for name in self.strategy if name in POOLED]
+        if self.engine == "distributed" and pooled:
+            raise UserError(f"{pooled[0]} pools every node's data in one place, so it has no distributed form; run it "
+                            "with --engine inprocess")
+        if self.timeout <= 0:
+            raise UserError(f"--timeout must be positive, got {self.timeout}")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"--threads must be at least 1, got {self.threads}")
 
     def batch_sizes(self) -> dict[str, int]:
         """--node-batch NODE=B pairs as a dict."""

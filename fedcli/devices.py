@@ -1,6 +1,11 @@
-"""Device choice shared by the training stages: CUDA when present, else CPU; `--device` overrides."""
+"""Device choice shared by the training stages: CUDA when present, else CPU; `--device` overrides.
+Also the CPU thread count and a distributed rank's backend."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
 
 import torch
 
@@ -15,3 +20,27 @@ def resolve_device(device: str) -> str:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     return chosen
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run a block with `threads` CPU threads (results on CPU depend on the thread count)."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def distributed_backend(device: str) -> tuple[str, str]:
+    """(backend, device) of a distributed rank: gloo on CPU; nccl with one GPU per process on this
+    machine, else gloo with the GPUs shared (NCCL refuses two ranks on one GPU)."""
+    if device != "cuda":
+        return "gloo", "cpu"
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    count = torch.cuda.device_count()
+    return ("nccl" if local_world <= count else "gloo"), f"cuda:{local_rank % count}"

@@ -14,6 +14,7 @@ from fedcli.artifacts import load_tensors
 from fedcli.config import FederateConfig
 from fedcli.data.manifest import Manifest
 from fedcli.fl import stage
+from fedcli.fl.checkpoint import CheckpointMismatch
 from fedcli.fl.engine import Federation
 from fedcli.fl.payloads import encode_buffer, encode_model
 from fedcli.fl.strategies import make_strategy
@@ -151,7 +152,7 @@ def test_same_seed_same_metrics_and_resume_continues_identically(cli, fl_exp, tm
     with pytest.raises(KeyboardInterrupt):
         stage.run(cfg, after_round=crash)
     assert not (exp / "federate" / "feder").exists()
-    assert json.loads((exp / "federate" / ".feder.checkpoint" / "progress.json").read_text())["round"] == 2
+    assert completed_rounds(exp / "federate" / ".feder.checkpoint") == {1, 2}  # the two latest, for every node
     cli.ok("federate", *args, "--resume")
     assert (exp / "federate" / "feder" / "metrics.csv").read_bytes() == reference
     assert not (exp / "federate" / ".feder.checkpoint").exists()
@@ -238,15 +239,43 @@ def test_cv_runs_every_fold_and_reports_mean_and_std(cli, fl_exp, tmp_path):
     assert not (exp / "federate" / "standalone").exists()
 
 
+def completed_rounds(work) -> set[int]:
+    from fedcli.fl.checkpoint import Checkpoint
+
+    return Checkpoint(work, ["node0", "node1", "node2"]).rounds()
+
+
 def test_a_crash_between_checkpoint_files_leaves_the_previous_round_intact(tmp_path):
     from fedcli.artifacts import save_tensors
-    from fedcli.fl.engine import Checkpoint
+    from fedcli.fl.checkpoint import Checkpoint
 
-    checkpoint = Checkpoint(tmp_path)
-    checkpoint.save(1, {"m": {"w": torch.ones(2)}}, [{"round": 1}], [], {"k": 1})
-    save_tensors(tmp_path / "models-round2.safetensors", {"m/w": torch.full((2,), 2.0)})  # then the crash
-    round_, states, rows, _ = checkpoint.load({"k": 1})
-    assert round_ == 1 and torch.equal(states["m"]["w"], torch.ones(2)) and rows == [{"round": 1}]
+    checkpoint = Checkpoint(tmp_path, ["a", "b"])
+    row = {"round": 1, "model_node": "a", "test_node": "a"}
+    checkpoint.save(1, {"a": {"w": torch.ones(2)}, "b": {"w": torch.zeros(2)}}, [row], [], {"k": 1})
+    save_tensors(tmp_path / "a" / "round-2.safetensors", {"a/w": torch.full((2,), 2.0)})  # then the crash
+    assert checkpoint.rounds() == {1}
+    states, rows, _ = checkpoint.load(1, {"k": 1})
+    assert torch.equal(states["a"]["w"], torch.ones(2)) and torch.equal(states["b"]["w"], torch.zeros(2))
+    assert rows == [row]
+
+
+def test_checkpoints_keep_two_rounds_and_resume_from_the_latest_every_node_holds(tmp_path):
+    """Nodes on separate machines can stop one round apart: node b never wrote round 3."""
+    from fedcli.fl.checkpoint import Checkpoint
+
+    config = {"k": 1}
+    for node in ("a", "b"):
+        part = Checkpoint(tmp_path, ["a", "b"], local=[node])
+        for round_ in range(3 if node == "b" else 4):
+            part.save(round_, {node: {"w": torch.full((1,), float(round_))}}, [], [], config)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
+        "round-2.json", "round-2.safetensors", "round-3.json", "round-3.safetensors"]
+    everyone = Checkpoint(tmp_path, ["a", "b"])
+    assert everyone.rounds() == {2}
+    states, _, _ = everyone.load(2, config)
+    assert states["a"]["w"].item() == 2.0 and states["b"]["w"].item() == 2.0
+    with pytest.raises(CheckpointMismatch):
+        everyone.load(2, {"k": 2})
 
 
 def test_resume_without_a_checkpoint_does_not_overwrite_finished_output(cli, fl_exp, tmp_path):

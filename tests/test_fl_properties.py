@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from fedcli.fl import topology
 from fedcli.fl.local import LocalSettings, TensorSource, proximal_term, replay_loss, train_local
 from fedcli.fl.payloads import PayloadError, decode_buffer, decode_model, encode_buffer, encode_model
-from fedcli.fl.strategies import weighted_average
+from fedcli.fl.transport import weighted_average
 from fedcli.models.classifier import SmallCNN, batchnorm_keys, build_classifier
 
 

@@ -8,6 +8,7 @@ from fedcli.artifacts import check_output_free, provenance, staged_output, write
 from fedcli.config import PartitionConfig, to_json
 from fedcli.data import acquisition, schemes
 from fedcli.data.manifest import SCHEMA, Manifest, content_hash
+from fedcli.data.node_manifest import node_view
 from fedcli.data.records import Sample, SourceData
 from fedcli.data.sources import read_source
 from fedcli.data.splits import NodeError, split_node
@@ -98,12 +99,15 @@ def make_manifest(cfg: PartitionConfig) -> tuple[Manifest, PartitionConfig]:
 
 
 def run(cfg: PartitionConfig) -> Manifest:
-    """Write `<exp>/partition/`: manifest.json, summary.csv, summary.png, config.json."""
+    """Write `<exp>/partition/`: manifest.json, nodes/<node>.json (what each node may hold),
+    summary.csv, summary.png, config.json."""
     out = cfg.exp / "partition"
     check_output_free(out, cfg.overwrite)
     manifest, cfg = make_manifest(cfg)
     with staged_output(out, cfg.overwrite) as stage:
         write_json(stage / "manifest.json", manifest.data)
+        for node in manifest.node_names:
+            write_json(stage / "nodes" / f"{node}.json", node_view(manifest.data, node))
         write_csv(stage / "summary.csv", summary_frame(manifest))
         write_summary_png(manifest, stage / "summary.png")
         write_json(stage / "config.json", provenance("partition", to_json(cfg), cfg.seed,

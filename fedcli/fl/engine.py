@@ -8,23 +8,21 @@ Data is loaded lazily per node and split, so a strategy that never asks for real
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch import nn
 
-from fedcli.artifacts import load_tensors, save_tensors, write_json
 from fedcli.data.dataset import NodeDataset
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.evaluate import evaluate, predict
 from fedcli.fl.local import LocalSettings, TensorSource, train_local
-from fedcli.fl.payloads import decode_buffer, encode_buffer
-from fedcli.fl.strategies import Strategy
-from fedcli.fl.transport import InProcessTransport, Transfer
+from fedcli.fl.payloads import decode_buffer, decode_model, encode_buffer, encode_model
+from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
+from fedcli.fl.strategies import SHARED_MODELS, Strategy
+from fedcli.fl.transport import EVERYONE, KINDS, SERVER, InProcessTransport, Transfer, Transport
 from fedcli.models.classifier import build_classifier
 from fedcli.rng import numpy_stream, stream_seed, torch_stream
 
@@ -62,8 +60,14 @@ class Federation:
                  epochs: int, init_epochs: int, lr: float, batch: int, lam: float, buffer_codec: str = "png",
                  fold: int | None = None, device: str = "cpu", bootstrap: int = 1000, pretrained: bool = False,
                  model_weights: Path | None = None, node_batch: dict[str, int] | None = None,
-                 images: NodeImages | None = None):
+                 images: NodeImages | None = None, transport: Transport | None = None,
+                 local_nodes: list[str] | None = None, cross_eval: bool = True):
+        """`local_nodes`: the nodes this process runs (default all: the in-process simulation); the
+        transport connects them to the others. `cross_eval`: evaluate every node's model, not only
+        this process's (models then travel to every test set)."""
         self.manifest, self.nodes, self.seed, self.device = manifest, manifest.node_names, seed, device
+        self.local_nodes = list(self.nodes if local_nodes is None else local_nodes)
+        self.cross_eval = cross_eval
         self.model_name, self.pretrained, self.model_weights = model, pretrained, model_weights
         self.epochs, self.init_epochs, self.lr, self.batch, self.lam = epochs, init_epochs, lr, batch, lam
         self.node_batch = dict(node_batch or {})
@@ -81,7 +85,8 @@ class Federation:
         self.test = LazySources(lambda node: self._source(node, "train", [fold]) if fold is not None
                                 else self._source(node, "test", None))
         self.buffers = LazySources(buffers)
-        self.transport = InProcessTransport()
+        self.transport = transport or InProcessTransport()
+        self._train_sizes: dict[str, int] | None = None
         self._buffer_payloads: dict[str, bytes] = {}
         self._decoded_buffers: dict[str, TensorSource] = {}
 
@@ -107,23 +112,51 @@ class Federation:
             self._buffer_payloads[node] = encode_buffer(buffer.images, buffer.labels, self.buffer_codec)
         return self._buffer_payloads[node]
 
-    def receive_buffer(self, node: str) -> TensorSource:
-        """The buffer payload waiting for `node`, decoded and validated. A payload whose exact bytes were
-        decoded before is not decoded again (buffers do not change between rounds; the bytes still
+    def train_sizes(self) -> dict[str, int]:
+        """Every node's number of training images (the averaging weights), gathered once."""
+        if self._train_sizes is None:
+            local = {node: len(self.train[node]) for node in self.local_nodes}
+            self._train_sizes = {k: v for part in self.transport.gather(local) for k, v in part.items()}
+        return self._train_sizes
+
+    def receive_buffer(self, round_: int, sender: str, node: str) -> TensorSource:
+        """The buffer payload from `sender` to `node`, decoded and validated. A payload whose exact bytes
+        were decoded before is not decoded again (buffers do not change between rounds; the bytes still
         travel and are counted every round)."""
-        data = self.transport.receive(node, "buffer")
+        data = self.transport.receive(round_, sender, node, "buffer")
         key = hashlib.sha256(data).hexdigest()
         if key not in self._decoded_buffers:
             self._decoded_buffers[key] = TensorSource(*decode_buffer(data, self.image_shape, self.num_classes))
         return self._decoded_buffers[key]
 
+    def shared_models(self, round_: int, models: dict[str, nn.Module]) -> dict[str, nn.Module]:
+        """`models` plus every other node's model of the same kind, fetched through the transport and
+        validated on receipt (cross-evaluation; in process, every model is already here)."""
+        own = {key: model for key, model in models.items() if key in self.nodes}
+        if not own or set(own) == set(self.nodes):
+            return models
+        template = next(iter(own.values())).state_dict()
+        received = self.transport.share(round_, {key: encode_model(m.state_dict()) for key, m in own.items()})
+        merged = {}
+        for key in self.nodes:
+            if key in own:
+                merged[key] = own[key]
+            else:
+                merged[key] = self.new_model(key)
+                merged[key].load_state_dict(decode_model(received[key], template))
+        return merged | {key: model for key, model in models.items() if key not in self.nodes}
+
     def evaluate(self, strategy: str, round_: int, models: dict[str, nn.Module]) -> list[dict]:
-        """Every model on every node's test set; plus the ensemble (mean softmax) of node models."""
-        probs = {key: {node: predict(model, self.test[node].images, self.device) for node in self.nodes}
+        """The models on the test sets of this process's nodes; plus the ensemble (mean softmax) of the
+        node models when there are several."""
+        if self.cross_eval:
+            models = self.shared_models(round_, models)
+        probs = {key: {node: predict(model, self.test[node].images, self.device) for node in self.local_nodes}
                  for key, model in models.items()}
         node_models = [key for key in models if key in self.nodes]
         if len(node_models) > 1:
-            probs["ensemble"] = {node: np.mean([probs[k][node] for k in node_models], axis=0) for node in self.nodes}
+            probs["ensemble"] = {node: np.mean([probs[k][node] for k in node_models], axis=0)
+                                 for node in self.local_nodes}
         rows = []
         for key, per_node in probs.items():
             for node, p in per_node.items():
@@ -134,54 +167,31 @@ class Federation:
         return rows
 
 
-class CheckpointMismatch(UserError):
-    """A checkpoint left by a run with other options: it cannot be resumed."""
+def row_order(nodes: list[str]) -> Callable[[dict], tuple]:
+    """Metrics rows by round, model (nodes, then shared models, then the ensemble) and test node: one
+    order for every engine, whatever order the rows were computed or gathered in."""
+    keys = {key: i for i, key in enumerate([*nodes, *SHARED_MODELS, "ensemble"])}
+    index = {node: i for i, node in enumerate(nodes)}
+    return lambda row: (row["round"], keys[row["model_node"]], index[row["test_node"]])
 
 
-class Checkpoint:
-    """The last completed round: model states (safetensors) and the rows so far (JSON, written last)."""
-
-    def __init__(self, folder: Path):
-        self.folder = Path(folder)
-
-    @property
-    def exists(self) -> bool:
-        return (self.folder / "progress.json").is_file()
-
-    def save(self, round_: int, states: dict[str, dict[str, torch.Tensor]], rows: list[dict],
-             transfers: list[Transfer], config: dict) -> None:
-        """Models go to a file of their own round first; progress.json, which names that file, is
-        replaced last, so a crash in between leaves the previous round's pair intact."""
-        flat = {f"{key}/{name}": tensor.detach().cpu() for key, state in states.items() for name, tensor in state.items()}
-        models = f"models-round{round_}.safetensors"
-        save_tensors(self.folder / models, flat)
-        write_json(self.folder / "progress.json", {"round": round_, "models": models, "config": config, "rows": rows,
-                                                   "transfers": [t.__dict__ for t in transfers]})
-        for old in self.folder.glob("models-round*.safetensors"):
-            if old.name != models:
-                old.unlink()
-
-    def load(self, config: dict) -> tuple[int, dict[str, dict[str, torch.Tensor]], list[dict], list[Transfer]]:
-        progress = json.loads((self.folder / "progress.json").read_text())
-        if progress["config"] != config:
-            raise CheckpointMismatch(f"the checkpoint in {self.folder} was made with other options; rerun without "
-                                     "--resume (with --overwrite) or with the same options")
-        states: dict[str, dict[str, torch.Tensor]] = {}
-        for name, tensor in load_tensors(self.folder / progress["models"], "checkpoint").items():
-            key, _, tensor_name = name.partition("/")
-            states.setdefault(key, {})[tensor_name] = tensor
-        return progress["round"], states, progress["rows"], [Transfer(**t) for t in progress["transfers"]]
+def transfer_order(nodes: list[str]) -> Callable[[Transfer], tuple]:
+    index = {node: i for i, node in enumerate([*nodes, SERVER, EVERYONE])}
+    return lambda t: (t.round, index[t.sender], KINDS.index(t.kind), index[t.receiver])
 
 
 def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int, checkpoint: Checkpoint,
                config: dict, resume: bool, after_round: Callable[[int], None] | None = None
                ) -> tuple[list[dict], list[Transfer]]:
-    """Rounds 0..R with evaluation every `eval_every` rounds and at the end; resumable."""
-    if resume and checkpoint.exists:
-        done, states, rows, transfers = checkpoint.load(config)
+    """Rounds 0..R with evaluation every `eval_every` rounds and at the end; resumable. Returns this
+    process's rows and transfers (every node's, gathered, on a distributed run)."""
+    done = resume_round(fed, checkpoint) if resume else None
+    if done is not None:
+        states, rows, transfers = checkpoint.load(done, config)
         strategy.load_state(fed, {k: {n: t.to(fed.device) for n, t in s.items()} for k, s in states.items()})
         fed.transport.transfers = transfers
     else:
+        checkpoint.clear()
         strategy.setup(fed)
         done, rows = 0, fed.evaluate(strategy.name, 0, strategy.models())
         checkpoint.save(0, strategy.state(), rows, fed.transport.transfers, config)
@@ -192,5 +202,19 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
         checkpoint.save(round_, strategy.state(), rows, fed.transport.transfers, config)
         if after_round is not None:
             after_round(round_)
-    return rows, fed.transport.transfers
+    rows = [row for part in fed.transport.gather(rows) for row in part]
+    transfers = [Transfer(**t) for part in fed.transport.gather([t.__dict__ for t in fed.transport.transfers])
+                 for t in part]
+    return sorted(rows, key=row_order(fed.nodes)), sorted(transfers, key=transfer_order(fed.nodes))
 
+
+def resume_round(fed: Federation, checkpoint: Checkpoint) -> int | None:
+    """The latest round every node's checkpoint holds; None when no node has one (a fresh start)."""
+    held = fed.transport.gather(sorted(checkpoint.rounds()))
+    if not any(held):
+        return None
+    common = set.intersection(*map(set, held))
+    if not common:
+        raise CheckpointMismatch(f"the nodes' checkpoints in {checkpoint.folder} share no completed round; rerun "
+                                 "without --resume (with --overwrite)")
+    return max(common)

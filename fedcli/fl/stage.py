@@ -4,7 +4,8 @@ Per strategy, `<exp>/federate/<strategy>/`: metrics.csv (one row per round, mode
 comm.csv (every transfer with its measured bytes), models/<key>.safetensors, config.json.
 With --fold k / --cv, training uses the other train folds and evaluates on fold k, under
 `<exp>/federate/cv/<strategy>/fold<k>/`; the test sets are never touched. A hidden folder next
-to the output holds the checkpoint of the last completed round until the run finishes.
+to the output holds the checkpoints of the last completed rounds until the run finishes.
+With `--engine distributed` the same runs happen with one process per node (`fl/distributed/`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ import torch
 
 from fedcli.artifacts import check_output_free, load_tensors, provenance, save_tensors, sha256_file, \
     staged_output, write_csv, write_json
-from fedcli.config import FederateConfig, to_json
+from fedcli.config import ENGINE_OPTIONS, FederateConfig, to_json
 from fedcli.data.manifest import Manifest
+from fedcli.devices import resolve_device, torch_threads
 from fedcli.errors import UserError
-from fedcli.fl.engine import Checkpoint, Federation, NodeImages, run_rounds
+from fedcli.fl.checkpoint import Checkpoint
+from fedcli.fl.engine import Federation, NodeImages, run_rounds
 from fedcli.fl.local import TensorSource
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.strategies import NEEDS_BUFFERS, make_strategy
-from fedcli.devices import resolve_device
+from fedcli.fl.transport import Transfer
 from fedcli.gan.stage import read_gan_config
 from fedcli.layout import BUFFER, federate_dir, gan_dir
 
@@ -36,6 +39,7 @@ class StrategyRun:
     fold: int | None
     out: Path
     rows: list[dict]
+    nodes: list[str]
 
 
 def load_buffer(exp: Path, manifest: Manifest, node: str, size: int | None, strategy: str) -> TensorSource:
@@ -58,70 +62,121 @@ def load_buffer(exp: Path, manifest: Manifest, node: str, size: int | None, stra
 
 
 def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
+    """Every strategy (and fold) of `cfg`: simulated here, or one process per node (distributed)."""
+    if cfg.engine == "distributed":
+        from fedcli.fl.distributed import launch, worker
+
+        return launch.run(cfg) if cfg.launch == "local" else worker.run(cfg)
     manifest = Manifest.load(cfg.exp)
-    seed = manifest["seed"] if cfg.seed is None else cfg.seed
+    runs = planned_runs(cfg, manifest)
+    buffers = {node: load_buffer(cfg.exp, manifest, node, cfg.buffer_size, buffer_user(cfg))
+               for node in manifest.node_names} if buffer_user(cfg) else {}
+    buffer_info = {node: {"sha256": sha256_file(gan_dir(cfg.exp, node) / BUFFER), "size": len(buffers[node])}
+                   for node in buffers}
+    images = NodeImages(manifest)
     device = resolve_device(cfg.device)
+    with torch_threads(cfg.threads):
+        return [run_one(cfg, manifest, device, name, fold, buffers, buffer_info, images, after_round)
+                for name, fold in runs]
+
+
+def buffer_user(cfg: FederateConfig) -> str | None:
+    """The first strategy that reads the buffers, if any does."""
+    return next((s for s in cfg.strategy if s in NEEDS_BUFFERS and cfg.buffer_size != 0), None)
+
+
+def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int | None]]:
+    """(strategy, fold) pairs, after the checks every engine makes before training anything."""
     if cfg.fold is not None and not 0 <= cfg.fold < manifest["folds"]:
         raise UserError(f"--fold {cfg.fold} is not a fold of this partition (0..{manifest['folds'] - 1})")
-    folds = list(range(manifest["folds"])) if cfg.cv else [cfg.fold]
-    uses_buffers = [s for s in cfg.strategy if s in NEEDS_BUFFERS and cfg.buffer_size != 0]
-    buffers = {node: load_buffer(cfg.exp, manifest, node, cfg.buffer_size, uses_buffers[0])
-               for node in manifest.node_names} if uses_buffers else {}
     for name in ("feder-b", "central-synthetic", "central-mixed"):
         if name in cfg.strategy and cfg.buffer_size == 0:
             raise UserError(f"{name} trains on synthetic data, so it needs --buffer-size > 0")
+    folds = list(range(manifest["folds"])) if cfg.cv else [cfg.fold]
     runs = [(name, fold) for name in cfg.strategy for fold in folds]
     for name, fold in runs:
         out = federate_dir(cfg.exp, name, fold)
         if not (cfg.resume and checkpoint_dir(out).is_dir()):
             check_output_free(out, cfg.overwrite)
-    buffer_hashes = {node: sha256_file(gan_dir(cfg.exp, node) / BUFFER) for node in buffers}
-    images = NodeImages(manifest)
-    return [run_one(cfg, manifest, seed, device, name, fold, buffers, buffer_hashes, images, after_round)
-            for name, fold in runs]
+    return runs
 
 
-def run_one(cfg: FederateConfig, manifest: Manifest, seed: int, device: str, name: str, fold: int | None,
-            buffers: dict[str, TensorSource], buffer_hashes: dict[str, str], images: NodeImages,
+def run_seed(cfg: FederateConfig, manifest: Manifest) -> int:
+    return manifest["seed"] if cfg.seed is None else cfg.seed
+
+
+def federation(cfg: FederateConfig, manifest: Manifest, device: str, fold: int | None,
+               buffers: dict[str, TensorSource], images: NodeImages, **engine) -> Federation:
+    """The Federation of one (strategy, fold) run; `engine`: transport, local_nodes, cross_eval."""
+    return Federation(manifest, lambda node: buffers[node], seed=run_seed(cfg, manifest), model=cfg.model,
+                      epochs=cfg.epochs, init_epochs=init_epochs(cfg), lr=cfg.lr, batch=cfg.batch, lam=cfg.lam,
+                      buffer_codec=cfg.buffer_codec, fold=fold, device=device, bootstrap=cfg.bootstrap,
+                      pretrained=cfg.pretrained, model_weights=cfg.model_weights, node_batch=cfg.batch_sizes(),
+                      images=images, **engine)
+
+
+def init_epochs(cfg: FederateConfig) -> int:
+    return cfg.epochs if cfg.init_epochs is None else cfg.init_epochs
+
+
+def strategy_config(cfg: FederateConfig, manifest: Manifest, name: str, fold: int | None,
+                    buffer_info: dict[str, dict]) -> dict:
+    """The resolved options of one run, as config.json records them. `buffer_info`: every node's
+    buffer hash and size, when buffers are used."""
+    first = buffer_info[manifest.node_names[0]]["size"] if buffer_info else 0
+    buffer_size = cfg.buffer_size if cfg.buffer_size is not None else first
+    inputs = {"manifest": manifest.content_hash}
+    if name in NEEDS_BUFFERS:
+        inputs |= {f"buffer:{n}": buffer_info[n]["sha256"] for n in manifest.node_names if n in buffer_info}
+    resolved = {k: v for k, v in to_json(cfg).items() if k not in ("strategy", "resume", "overwrite")}
+    return resolved | {"strategy": name, "fold": fold, "seed": run_seed(cfg, manifest), "init_epochs": init_epochs(cfg),
+                       "buffer_size": buffer_size if name in NEEDS_BUFFERS else None, "inputs": inputs}
+
+
+def computed(resolved: dict) -> dict:
+    """What decides a run's numbers: the resolved options less how it executes (engine, threads),
+    so either engine can resume the other's checkpoint."""
+    return {k: v for k, v in resolved.items() if k not in ENGINE_OPTIONS}
+
+
+def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fold: int | None,
+            buffers: dict[str, TensorSource], buffer_info: dict[str, dict], images: NodeImages,
             after_round) -> StrategyRun:
     out = federate_dir(cfg.exp, name, fold)
-    init_epochs = cfg.epochs if cfg.init_epochs is None else cfg.init_epochs
-    fed = Federation(manifest, lambda node: buffers[node], seed=seed, model=cfg.model, epochs=cfg.epochs,
-                     init_epochs=init_epochs, lr=cfg.lr, batch=cfg.batch, lam=cfg.lam, buffer_codec=cfg.buffer_codec,
-                     fold=fold, device=device, bootstrap=cfg.bootstrap, pretrained=cfg.pretrained,
-                     model_weights=cfg.model_weights, node_batch=cfg.batch_sizes(), images=images)
-    buffer_size = cfg.buffer_size if cfg.buffer_size is not None else (len(next(iter(buffers.values())))
-                                                                       if buffers else 0)
-    strategy = make_strategy(name, cfg.mu, buffer_size)
-    resolved = {k: v for k, v in to_json(cfg).items() if k not in ("strategy", "resume", "overwrite")}
-    inputs = {"manifest": manifest.content_hash}
-    inputs |= {f"buffer:{n}": h for n, h in buffer_hashes.items() if name in NEEDS_BUFFERS}
-    resolved |= {"strategy": name, "fold": fold, "seed": seed, "init_epochs": init_epochs,
-                 "buffer_size": buffer_size if name in NEEDS_BUFFERS else None, "inputs": inputs}
+    fed = federation(cfg, manifest, device, fold, buffers, images)
+    resolved = strategy_config(cfg, manifest, name, fold, buffer_info)
+    strategy = make_strategy(name, cfg.mu, resolved["buffer_size"] or 0)
     work = checkpoint_dir(out)
-    resuming = cfg.resume and work.is_dir()
-    if not resuming and work.exists():
-        shutil.rmtree(work)
-    with RoundProgress(name if fold is None else f"{name} fold {fold}", cfg.rounds) as progress:
+    with RoundProgress(run_label(name, fold), cfg.rounds) as progress:
         def on_round(round_: int) -> None:
             progress.update(round_)
             if after_round is not None:
                 after_round(name, round_)
-        rows, transfers = run_rounds(fed, strategy, cfg.rounds, cfg.eval_every, Checkpoint(work), resolved,
-                                     resuming, on_round)
-    with staged_output(out, overwrite=cfg.overwrite or resuming) as stage:
+        rows, transfers = run_rounds(fed, strategy, cfg.rounds, cfg.eval_every, Checkpoint(work, fed.nodes),
+                                     computed(resolved), cfg.resume, on_round)
+    states = {key: model.state_dict() for key, model in strategy.models().items()}
+    write_output(out, rows, transfers, states, resolved, cfg.overwrite or cfg.resume)
+    shutil.rmtree(work, ignore_errors=True)
+    return StrategyRun(name, fold, out, rows, fed.nodes)
+
+
+def run_label(name: str, fold: int | None) -> str:
+    return name if fold is None else f"{name} fold {fold}"
+
+
+def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],
+                 resolved: dict, overwrite: bool) -> None:
+    """metrics.csv, comm.csv, models/<key>.safetensors and config.json, replacing `out` at once."""
+    with staged_output(out, overwrite=overwrite) as stage:
         write_csv(stage / "metrics.csv", pd.DataFrame(rows))
         write_csv(stage / "comm.csv", pd.DataFrame([t.__dict__ for t in transfers],
                                                    columns=["round", "sender", "receiver", "kind", "bytes"]))
-        for key, model in strategy.models().items():
-            save_tensors(stage / "models" / f"{key}.safetensors", {k: v.detach().cpu()
-                                                                    for k, v in model.state_dict().items()})
-        meta = provenance("federate", resolved, seed, inputs)
-        if fold is not None:
-            meta["note"] = cv_note(fold)
+        for key, state in states.items():
+            save_tensors(stage / "models" / f"{key}.safetensors", {k: v.detach().cpu() for k, v in state.items()})
+        meta = provenance("federate", resolved, resolved["seed"], resolved["inputs"])
+        if resolved["fold"] is not None:
+            meta["note"] = cv_note(resolved["fold"])
         write_json(stage / "config.json", meta)
-    shutil.rmtree(work, ignore_errors=True)
-    return StrategyRun(name, fold, out, rows)
 
 
 def checkpoint_dir(out: Path) -> Path:

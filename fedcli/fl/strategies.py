@@ -8,9 +8,9 @@ safetensors bytes and is rebuilt and validated by the receiver, so no tensor sto
   data replaying the received buffer), `feder-a` (only buffers travel), `feder-b` (models travel,
   training on synthetic data only: own buffer plus received buffer), `cyclic` (fixed ring, no
   buffers). Before round 1 every node trains its own model for `init_epochs`.
-- Server averaging: `fedavg`, `fedprox` (proximal term mu), `fedbn` (BatchNorm stays local).
-  Round 0 is the common initial model; aggregation is weighted by train size, summed in float64
-  in a fixed node order.
+- Averaging: `fedavg`, `fedprox` (proximal term mu), `fedbn` (BatchNorm stays local). Round 0 is
+  the common initial model; the transport averages, weighted by train size and summed exactly
+  (a simulated server in process, an all-reduce between processes: no server).
 - Pooled: `standalone` (each node alone), `central` (real train data pooled), `central-synthetic`
   (buffers pooled), `central-mixed` (both). Equal budget: init_epochs + R x E epochs.
 """
@@ -28,7 +28,6 @@ from torch import nn
 from fedcli.fl import topology
 from fedcli.fl.local import TensorSource
 from fedcli.fl.payloads import decode_model, encode_model
-from fedcli.fl.transport import SERVER
 from fedcli.models.classifier import batchnorm_keys
 
 if TYPE_CHECKING:
@@ -38,6 +37,7 @@ STRATEGIES = ("feder", "feder-a", "feder-b", "cyclic", "fedavg", "fedprox", "fed
               "central-synthetic", "central-mixed")
 NEEDS_BUFFERS = {"feder", "feder-a", "feder-b", "central-synthetic", "central-mixed"}
 SHARED_MODELS = ("global", "central")  # model keys of strategies whose every node uses one model
+POOLED = ("central", "central-synthetic", "central-mixed")  # need every node's data in one place
 
 
 class Strategy(abc.ABC):
@@ -82,31 +82,34 @@ class ModelPassing(Strategy):
         return fed.buffers[node] if self.synthetic_only else fed.train[node]
 
     def setup(self, fed: "Federation", train: bool = True) -> None:
-        for node in fed.nodes:
+        for node in fed.local_nodes:
             model = fed.new_model(node)
             if train:
                 fed.train_local(model, node, 0, self.primary(fed, node), None, epochs=fed.init_epochs)
             self.node_models[node] = model
 
     def run_round(self, fed: "Federation", round_: int) -> None:
+        """Every node sends to its successor, then receives from its predecessor and trains."""
         successor = (topology.random_ring(fed.nodes, fed.seed, round_) if self.ring == "random"
                      else topology.fixed_ring(fed.nodes))
-        for sender, receiver in successor.items():
+        predecessor = topology.predecessors(successor)
+        for sender in fed.local_nodes:
             if self.models_travel:
-                fed.transport.send(round_, sender, receiver, "model", encode_model(self.node_models[sender].state_dict()))
+                fed.transport.send(round_, sender, successor[sender], "model",
+                                   encode_model(self.node_models[sender].state_dict()))
             if self.replay:
-                fed.transport.send(round_, sender, receiver, "buffer", fed.buffer_payload(sender))
-        updated = {}
-        for node in fed.nodes:
+                fed.transport.send(round_, sender, successor[sender], "buffer", fed.buffer_payload(sender))
+        received = {}
+        for node in fed.local_nodes:
+            model = self.node_models[node]
             if self.models_travel:
-                template = self.node_models[node].state_dict()
-                model = rebuild(fed, node, decode_model(fed.transport.receive(node, "model"), template))
-            else:
-                model = self.node_models[node]
-            replay = fed.receive_buffer(node) if self.replay else None
+                data = fed.transport.receive(round_, predecessor[node], node, "model")
+                model = rebuild(fed, node, decode_model(data, model.state_dict()))
+            received[node] = model, fed.receive_buffer(round_, predecessor[node], node) if self.replay else None
+        fed.transport.flush()
+        for node, (model, replay) in received.items():
             fed.train_local(model, node, round_, self.primary(fed, node), replay, epochs=fed.epochs)
-            updated[node] = model
-        self.node_models = updated
+        self.node_models = {node: model for node, (model, _) in received.items()}
 
     def models(self) -> dict[str, nn.Module]:
         return dict(self.node_models)
@@ -123,7 +126,7 @@ class ServerAveraging(Strategy):
         self.global_model = fed.new_model("global")
         self.bn_keys = batchnorm_keys(self.global_model) if self.local_bn else set()
         bn_state = {k: v.clone() for k, v in self.global_model.state_dict().items() if k in self.bn_keys}
-        self.local_state = {node: copy.deepcopy(bn_state) for node in fed.nodes} if self.local_bn else {}
+        self.local_state = {node: copy.deepcopy(bn_state) for node in fed.local_nodes} if self.local_bn else {}
 
     def shared(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v for k, v in state.items() if k not in self.bn_keys}
@@ -134,21 +137,19 @@ class ServerAveraging(Strategy):
         return model
 
     def run_round(self, fed: "Federation", round_: int) -> None:
+        """Each node trains from the global model; the transport averages what they share (a server in
+        process, an all-reduce across processes), so every node ends with the same global model."""
         global_shared = self.shared(self.global_model.state_dict())
-        payload = encode_model(global_shared)
-        for node in fed.nodes:
-            fed.transport.send(round_, SERVER, node, "global-model", payload)
         anchor = {k: v.detach().clone() for k, v in self.global_model.named_parameters()}
-        for node in fed.nodes:
-            received = decode_model(fed.transport.receive(node, "global-model"), global_shared)
-            model = self.node_model(fed, node, received)
+        states = {}
+        for node in fed.local_nodes:
+            model = self.node_model(fed, node, global_shared)
             fed.train_local(model, node, round_, fed.train[node], None, epochs=fed.epochs, anchor=anchor, mu=self.mu)
             state = model.state_dict()
             if self.local_bn:
                 self.local_state[node] = {k: v.detach().clone() for k, v in state.items() if k in self.bn_keys}
-            fed.transport.send(round_, node, SERVER, "model", encode_model(self.shared(state)))
-        states = [decode_model(fed.transport.receive(SERVER, "model"), global_shared) for _ in fed.nodes]
-        averaged = weighted_average(states, [len(fed.train[n]) for n in fed.nodes])
+            states[node] = self.shared(state)
+        averaged = fed.transport.average(round_, states, fed.train_sizes())
         self.global_model.load_state_dict({**self.global_model.state_dict(), **averaged})
 
     def models(self) -> dict[str, nn.Module]:
@@ -174,19 +175,6 @@ class ServerAveraging(Strategy):
             self.local_state[node] = states[f"bn:{node}"]
 
 
-def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[int]) -> dict[str, torch.Tensor]:
-    """Weighted mean of each tensor, summed in float64 in the given (fixed) order; integer tensors
-    (BatchNorm's batch counters) are rounded back."""
-    total = float(sum(weights))
-    out = {}
-    for name, reference in states[0].items():
-        acc = torch.zeros(reference.shape, dtype=torch.float64)
-        for state, weight in zip(states, weights):
-            acc += state[name].double() * (weight / total)
-        out[name] = acc.round().to(reference.dtype) if not reference.is_floating_point() else acc.to(reference.dtype)
-    return out
-
-
 @dataclasses.dataclass
 class Pooled(Strategy):
     name: str
@@ -199,7 +187,7 @@ class Pooled(Strategy):
 
     def sources(self, fed: "Federation") -> dict[str, TensorSource]:
         if self.per_node:
-            return {node: fed.train[node] for node in fed.nodes}
+            return {node: fed.train[node] for node in fed.local_nodes}
         parts = ([fed.train[n] for n in fed.nodes] if self.real else []) + \
                 ([fed.buffers[n] for n in fed.nodes] if self.synthetic else [])
         return {"central": TensorSource.concat(parts)}

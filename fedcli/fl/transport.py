@@ -1,17 +1,26 @@
 """Transports move serialized bytes between nodes and record every transfer.
 
-The in-process transport is a set of mailboxes; a torch.distributed transport can replace it
-without changing the strategies. Every byte a strategy exchanges passes through `send`, so the
-communication cost in `comm.csv` is measured, not estimated.
+Strategies only talk to a `Transport`: point-to-point `send`/`receive` of safetensors bytes, a
+weighted `average` of the shared parameters, `share` of models for cross-evaluation, and `gather`
+of small JSON records (sizes, checkpoint rounds, metrics). The in-process transport simulates every
+node in one process (a server averages); `fedcli.fl.distributed.transport` runs one node per
+process on torch.distributed (an all-reduce averages, no server). Every transfer is recorded with
+its bytes, so `comm.csv` is measured, not estimated.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections import defaultdict
 
+import torch
+
+from fedcli.fl.payloads import decode_model, encode_model
+
 SERVER = "server"
-KINDS = ("model", "buffer", "global-model", "eval")
+EVERYONE = "all"  # the receiver of a collective (all-reduce) contribution
+KINDS = ("model", "buffer", "global-model", "eval", "all-reduce")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,21 +32,116 @@ class Transfer:
     bytes: int
 
 
-class InProcessTransport:
+class Transport(abc.ABC):
     def __init__(self):
         self.transfers: list[Transfer] = []
-        self._mailboxes: dict[tuple[str, str], list[bytes]] = defaultdict(list)
 
-    def send(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes) -> None:
+    def record(self, round_: int, sender: str, receiver: str, kind: str, size: int) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown transfer kind {kind!r}")
         if sender == receiver:
             raise ValueError(f"{sender} cannot send to itself")
-        self.transfers.append(Transfer(round_, sender, receiver, kind, len(payload)))
-        self._mailboxes[(receiver, kind)].append(bytes(payload))
+        self.transfers.append(Transfer(round_, sender, receiver, kind, size))
 
-    def receive(self, receiver: str, kind: str) -> bytes:
-        box = self._mailboxes[(receiver, kind)]
+    @abc.abstractmethod
+    def send(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes) -> None:
+        """Queue `payload` for `receiver`; it may leave after this returns (see `flush`)."""
+
+    @abc.abstractmethod
+    def receive(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
+        """The next `kind` payload from `sender` to `receiver`, waiting for it if need be."""
+
+    def flush(self) -> None:
+        """Wait until every queued send has been delivered."""
+
+    @abc.abstractmethod
+    def average(self, round_: int, states: dict[str, dict[str, torch.Tensor]],
+                weights: dict[str, int]) -> dict[str, torch.Tensor]:
+        """The mean of every node's state weighted by `weights` (all nodes), given the states of the
+        nodes this process holds; every node ends with the same result."""
+
+    @abc.abstractmethod
+    def share(self, round_: int, payloads: dict[str, bytes]) -> dict[str, bytes]:
+        """Every node's model payloads (by model key), given this process's: cross-evaluation."""
+
+    @abc.abstractmethod
+    def gather(self, record) -> list:
+        """One JSON-able record from each process, in rank order (metadata only, never tensors)."""
+
+
+class InProcessTransport(Transport):
+    """Every node in this process: mailboxes, and a simulated server that averages."""
+
+    def __init__(self):
+        super().__init__()
+        self._mailboxes: dict[tuple[str, str, str], list[bytes]] = defaultdict(list)
+
+    def send(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes) -> None:
+        self.record(round_, sender, receiver, kind, len(payload))
+        self._mailboxes[(sender, receiver, kind)].append(bytes(payload))
+
+    def receive(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
+        box = self._mailboxes[(sender, receiver, kind)]
         if not box:
-            raise RuntimeError(f"{receiver} expected a {kind} payload and none arrived")
+            raise RuntimeError(f"{receiver} expected a {kind} payload from {sender} and none arrived")
         return box.pop(0)
+
+    def average(self, round_: int, states: dict[str, dict[str, torch.Tensor]],
+                weights: dict[str, int]) -> dict[str, torch.Tensor]:
+        """Nodes upload to the server, which averages in node order and sends the mean back down."""
+        template = next(iter(states.values()))
+        for node, state in states.items():
+            self.send(round_, node, SERVER, "model", encode_model(state))
+        received = [decode_model(self.receive(round_, node, SERVER, "model"), template) for node in states]
+        payload = encode_model(weighted_average(received, [weights[node] for node in states]))
+        for node in states:
+            self.send(round_, SERVER, node, "global-model", payload)
+        return [decode_model(self.receive(round_, SERVER, node, "global-model"), template) for node in states][-1]
+
+    def share(self, round_: int, payloads: dict[str, bytes]) -> dict[str, bytes]:
+        return dict(payloads)  # every model already lives here
+
+    def gather(self, record) -> list:
+        return [record]
+
+
+def scale_exponents(state: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    """Per tensor, the exponent E with every |value| < 2**E (int64, one per tensor)."""
+    return torch.tensor([int(torch.frexp(state[n].detach().double().abs().max()).exponent) if state[n].numel() else 0
+                         for n in names], dtype=torch.int64)
+
+
+def precision_bits(total_weight: int) -> int:
+    """Fixed-point bits below each tensor's top exponent: the sum of all nodes stays below 2**62."""
+    return 62 - int(total_weight).bit_length()
+
+
+def fixed_point(state: dict[str, torch.Tensor], names: list[str], weight: int, exponents: torch.Tensor,
+                bits: int) -> torch.Tensor:
+    """weight * state, flattened, as integers in units of 2**(E - bits) of each tensor. Integer sums are
+    exact, so every order of summation (a server's loop, any all-reduce algorithm) gives the same
+    bits; float sums would differ in the last bit, which local training then amplifies."""
+    return torch.cat([torch.round(state[n].detach().double().reshape(-1) * weight * 2.0 ** (bits - int(e)))
+                      .to(torch.int64) for n, e in zip(names, exponents.tolist())])
+
+
+def from_fixed_point(total: torch.Tensor, template: dict[str, torch.Tensor], exponents: torch.Tensor, bits: int,
+                     total_weight: int) -> dict[str, torch.Tensor]:
+    """The weighted mean from the summed fixed-point vector, in the template's dtypes (integer tensors,
+    BatchNorm's batch counters, are rounded)."""
+    out, start = {}, 0
+    for (name, reference), e in zip(template.items(), exponents.tolist()):
+        mean = total[start:start + reference.numel()].double() * 2.0 ** (int(e) - bits) / total_weight
+        out[name] = (mean.to(reference.dtype) if reference.is_floating_point()
+                     else mean.round().to(reference.dtype)).view(reference.shape)
+        start += reference.numel()
+    return out
+
+
+def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[int]) -> dict[str, torch.Tensor]:
+    """Weighted mean of each tensor, exact in fixed point, so independent of the order of summation."""
+    names, total_weight = list(states[0]), sum(weights)
+    exponents = torch.stack([scale_exponents(state, names) for state in states]).amax(dim=0)
+    bits = precision_bits(total_weight)
+    total = sum(fixed_point(state, names, weight, exponents, bits) for state, weight in zip(states, weights))
+    return from_fixed_point(total, states[0], exponents, bits, total_weight)

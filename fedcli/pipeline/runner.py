@@ -229,7 +229,7 @@ def stage_run(module: str, cfg) -> None:
 
 def federate_run(cfg) -> None:
     """One strategy (and fold); an interrupted run of the same unit continues from its last round."""
-    from fedcli.fl.engine import CheckpointMismatch
+    from fedcli.fl.checkpoint import CheckpointMismatch
     from fedcli.fl.stage import checkpoint_dir, run
     from fedcli.layout import federate_dir
 

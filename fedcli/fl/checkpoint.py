@@ -1,0 +1,105 @@
+"""Checkpoints of the last completed rounds, one part per node, readable by either engine.
+
+`<work>/<node>/round-<r>.safetensors` holds the models that node keeps (its own model, the global
+model, its BatchNorm state) and `round-<r>.json` the metrics rows of its test set and the transfers
+it sent, up to round r. A distributed rank writes only its node's part; the in-process engine writes
+every part, so a run started by one engine can be resumed by the other. The two latest rounds are
+kept, because nodes on separate machines may stop one round apart; a resume starts from the latest
+round that every node still has.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from fedcli.artifacts import load_tensors, save_tensors, write_json
+from fedcli.errors import UserError
+from fedcli.fl.transport import Transfer
+
+CENTRAL = "central"  # the part holding a pooled model that belongs to no node
+KEEP = 2
+
+
+class CheckpointMismatch(UserError):
+    """A checkpoint left by a run with other options: it cannot be resumed."""
+
+
+class Checkpoint:
+    def __init__(self, folder: Path, nodes: list[str], local: list[str] | None = None):
+        """`local`: the nodes whose parts this process writes and reads (None: every node, in process)."""
+        self.folder, self.nodes = Path(folder), list(nodes)
+        self.local = None if local is None else list(local)
+
+    def _parts(self) -> list[Path]:
+        if self.local is not None:
+            return [self.folder / node for node in self.local]
+        return sorted(p for p in self.folder.iterdir() if p.is_dir()) if self.folder.is_dir() else []
+
+    def _owners(self, key: str) -> list[str]:
+        if key.startswith("bn:"):
+            return [key[3:]]
+        if key in self.nodes:
+            return [key]
+        if key == CENTRAL:
+            return [CENTRAL]
+        return self.local if self.local is not None else self.nodes  # the global model: every node holds it
+
+    def save(self, round_: int, states: dict[str, dict[str, torch.Tensor]], rows: list[dict],
+             transfers: list[Transfer], config: dict) -> None:
+        """Each part's models go to their own file first; its JSON, which completes the round, last."""
+        parts: dict[str, dict] = {node: {"states": {}, "rows": [], "transfers": []}
+                                  for node in (self.local if self.local is not None else self.nodes)}
+        for key, state in states.items():
+            for owner in self._owners(key):
+                parts.setdefault(owner, {"states": {}, "rows": [], "transfers": []})["states"][key] = state
+        for row in rows:
+            parts[row["test_node"]]["rows"].append(row)
+        for transfer in transfers:
+            parts[transfer.sender if transfer.sender in self.nodes else transfer.receiver]["transfers"].append(
+                transfer.__dict__)
+        for owner, part in parts.items():
+            folder = self.folder / owner
+            flat = {f"{key}/{name}": tensor.detach().cpu() for key, state in part["states"].items()
+                    for name, tensor in state.items()}
+            save_tensors(folder / f"round-{round_}.safetensors", flat)
+            write_json(folder / f"round-{round_}.json", {"round": round_, "config": config, "rows": part["rows"],
+                                                         "transfers": part["transfers"]})
+            for old in folder.glob("round-*.*"):
+                if round_of(old) <= round_ - KEEP:
+                    old.unlink()
+
+    def rounds(self) -> set[int]:
+        """The completed rounds that every part of this process still holds."""
+        parts = self._parts()
+        found = [{round_of(p) for p in part.glob("round-*.json")} for part in parts if part.is_dir()]
+        if not found or len(found) < len(parts):
+            return set()
+        return set.intersection(*found)
+
+    def load(self, round_: int, config: dict) -> tuple[dict[str, dict[str, torch.Tensor]], list[dict], list[Transfer]]:
+        states: dict[str, dict[str, torch.Tensor]] = {}
+        rows, transfers = [], []
+        for part in self._parts():
+            progress = json.loads((part / f"round-{round_}.json").read_text())
+            if progress["config"] != config:
+                raise CheckpointMismatch(f"the checkpoint in {self.folder} was made with other options; rerun "
+                                         "without --resume (with --overwrite) or with the same options")
+            for name, tensor in load_tensors(part / f"round-{round_}.safetensors", "checkpoint").items():
+                key, _, tensor_name = name.partition("/")
+                states.setdefault(key, {})[tensor_name] = tensor
+            rows += progress["rows"]
+            transfers += [Transfer(**t) for t in progress["transfers"]]
+        return states, rows, transfers
+
+    def clear(self) -> None:
+        """Remove what this process would write: its parts (a distributed rank) or everything."""
+        for folder in [self.folder] if self.local is None else [self.folder / node for node in self.local]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def round_of(path: Path) -> int:
+    return int(path.name.split(".")[0].removeprefix("round-"))

@@ -1,0 +1,1 @@
+"""The distributed engine: one torch.distributed process per node (`fedcli federate --engine distributed`)."""

@@ -1,0 +1,174 @@
+"""One torch.distributed process group per federated run: rendezvous, byte transfers, collectives,
+and naming the node that went missing.
+
+The rendezvous comes from the environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT); `--launch local` sets the same for processes on this machine. The key-value store of
+the rendezvous also carries a heartbeat per rank and a counter of the exchanges each rank has
+entered. When a transfer or collective fails (a peer died: the connection drops; a peer hangs: the
+timeout expires), the rank compares heartbeats and counters to name the node that stopped or fell
+behind, publishes that verdict in the store (the first one wins, so every rank reports the same
+node), and stops with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from fedcli.errors import UserError
+
+HEARTBEAT_S = 0.5
+ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class PeerLost(UserError):
+    """A peer stopped or hung; the message names it."""
+
+
+def hosted_store() -> bool:
+    """Whether a launcher (torchrun's agent, or --launch local) hosts the store, not rank 0."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or os.environ.get("FEDCLI_STORE_HOSTED") == "1"
+
+
+def connect_store(address: str, port: int, timeout: float, is_master: bool) -> dist.Store:
+    store = dist.TCPStore(address, port, is_master=is_master, timeout=datetime.timedelta(seconds=timeout),
+                          wait_for_workers=False)
+    return dist.PrefixStore("fedcli", store)
+
+
+class Group:
+    def __init__(self, timeout: float, backend: str, device: str):
+        missing = [name for name in ENV if name not in os.environ]
+        if missing:
+            raise UserError(f"--engine distributed needs a rendezvous but {', '.join(missing)} is not set: add "
+                            "--launch local, or start each node with torchrun (see the README)")
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.address, self.port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        self.timeout, self.backend = timeout, backend
+        self.device = torch.device(device if backend == "nccl" else "cpu")
+        self.names = [f"rank {r}" for r in range(self.world)]  # node names once assigned
+        self._steps = 0
+        try:
+            self.store = connect_store(self.address, self.port, timeout, self.rank == 0 and not hosted_store())
+            self.store.set(f"joined/{self.rank}", "1")
+            dist.init_process_group(backend, store=dist.PrefixStore("pg", self.store), rank=self.rank,
+                                    world_size=self.world, timeout=datetime.timedelta(seconds=timeout))
+        except RuntimeError as exc:
+            raise UserError(f"rank {self.rank} could not join the rendezvous at {self.address}:{self.port} within "
+                            f"{timeout:g} s ({self._absent()}); start every node with the same address and port "
+                            "(and check the firewall or tunnel)") from exc
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+        self._beat.start()
+
+    def _absent(self) -> str:
+        try:
+            absent = [r for r in range(self.world) if not self.store.check([f"joined/{r}"])]
+        except RuntimeError:
+            return "the store did not answer"
+        return f"missing: {', '.join(f'rank {r}' for r in absent)}" if absent else "every rank arrived"
+
+    def _heartbeat(self) -> None:
+        """Beat through a store connection of its own (the main one is busy in collectives)."""
+        try:
+            store = connect_store(self.address, self.port, self.timeout, False)
+            while not self._stop.wait(HEARTBEAT_S):
+                store.add(f"beat/{self.rank}", 1)
+        except RuntimeError:
+            return  # the store is gone: the run is ending, and the main thread reports why
+
+    def assign(self, names: list[str]) -> None:
+        self.names = list(names)
+
+    def close(self) -> None:
+        self._stop.set()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # --- failure diagnosis -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def step(self, what: str, peer: int | None = None):
+        """One exchange: counted in the store, and any failure inside becomes a PeerLost naming the node."""
+        self._steps += 1
+        with contextlib.suppress(RuntimeError):
+            self.store.add(f"steps/{self.rank}", 1)
+        try:
+            yield
+        except RuntimeError as exc:
+            raise PeerLost(self.diagnose(what, peer)) from exc
+
+    def diagnose(self, what: str, peer: int | None) -> str:
+        """Which node stopped: the published verdict, else silent heartbeats, else ranks that never
+        reached this exchange, else the peer of the failed transfer."""
+        try:
+            if self.store.check(["verdict"]):
+                return self.store.get("verdict").decode()
+            others = [r for r in range(self.world) if r != self.rank]
+            before = {r: self.store.add(f"beat/{r}", 0) for r in others}
+            time.sleep(3 * HEARTBEAT_S)
+            silent = [r for r in others if self.store.add(f"beat/{r}", 0) == before[r]]
+            behind = [r for r in others if self.store.add(f"steps/{r}", 0) < self._steps]
+        except RuntimeError:  # the store went with its host
+            host = [] if hosted_store() else [0]
+            return self._verdict(host or ([peer] if peer is not None else []), "the rendezvous store is unreachable",
+                                 what, publish=False)
+        if silent:
+            return self._verdict(silent, "its process stopped", what)
+        if behind:
+            return self._verdict(behind, f"it did not reach this exchange within the {self.timeout:g} s timeout", what)
+        return self._verdict([peer] if peer is not None else [], "the connection failed", what)
+
+    def _verdict(self, ranks: list[int], reason: str, what: str, publish: bool = True) -> str:
+        who = ", ".join(f"{self.names[r]} (rank {r})" for r in ranks) or "a peer"
+        message = f"lost node {who} during {what}: {reason}"
+        if publish:
+            with contextlib.suppress(RuntimeError):
+                return self.store.compare_set("verdict", "", message).decode()
+        return message
+
+    # --- transfers and collectives ---------------------------------------------------------------
+    def send_bytes(self, dst: int, tag: int, payload: bytes) -> list:
+        """Non-blocking send of a length, then the bytes; returns the works (they hold the tensors)."""
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        return [(dist.isend(size, dst, tag=2 * tag), size), (dist.isend(data, dst, tag=2 * tag + 1), data)]
+
+    def wait(self, works: list) -> None:
+        for work, _ in works:
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+
+    def recv_bytes(self, src: int, tag: int) -> bytes:
+        size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.wait([(dist.irecv(size, src, tag=2 * tag), size)])
+        data = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        self.wait([(dist.irecv(data, src, tag=2 * tag + 1), data)])
+        return data.cpu().numpy().tobytes()
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's bytes, in rank order (lengths first, then padded to the longest)."""
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world)]
+        dist.all_gather(sizes, size)
+        longest = max(int(s.item()) for s in sizes)
+        data = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        data[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        out = [torch.empty_like(data) for _ in range(self.world)]
+        dist.all_gather(out, data)
+        return [o[:int(s.item())].cpu().numpy().tobytes() for o, s in zip(out, sizes)]
+
+    def exchange(self, what: str, record) -> list:
+        """Every rank's JSON-able record, in rank order; also a barrier."""
+        with self.step(what):
+            return [json.loads(b) for b in self.all_gather_bytes(json.dumps(record).encode())]
+
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        on_device = tensor.to(self.device)
+        dist.all_reduce(on_device, op=op)
+        return on_device.cpu()

@@ -1,0 +1,129 @@
+"""`--launch local`: one process per node on this machine, over loopback, as torchrun would start them.
+
+The launcher checks what it can before starting anything, hosts the rendezvous store itself (so a
+node that dies does not take the store with it, as with torchrun's agent), starts the nodes with
+torchrun's environment variables, and watches them. When one fails, the others stop on their own
+within the timeout (they name the missing node); any still running after that are killed, so no
+process is left behind, and the launcher reports one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch.distributed as dist
+
+from fedcli.config import FederateConfig, to_json
+from fedcli.data.manifest import Manifest
+from fedcli.errors import UserError
+from fedcli.fl.distributed.worker import log_path
+from fedcli.fl.stage import StrategyRun, buffer_user, checkpoint_dir, load_buffer, planned_runs
+from fedcli.layout import federate_dir
+
+GRACE_S = 10.0  # beyond the timeout, before the launcher kills a node that has not stopped
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run(cfg: FederateConfig) -> list[StrategyRun]:
+    manifest = Manifest.load(cfg.exp)
+    runs = planned_runs(cfg, manifest)
+    if buffer_user(cfg):
+        for node in manifest.node_names:
+            load_buffer(cfg.exp, manifest, node, cfg.buffer_size, buffer_user(cfg))
+    nodes = manifest.node_names
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // len(nodes))
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=cfg.timeout))
+    with tempfile.TemporaryDirectory(prefix="fedcli-launch-") as tmp:
+        config = Path(tmp) / "federate.json"
+        values = to_json(dataclasses.replace(cfg, launch="none", threads=threads))
+        config.write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(len(nodes)),
+               "LOCAL_WORLD_SIZE": str(len(nodes)), "FEDCLI_STORE_HOSTED": "1", "OMP_NUM_THREADS": str(threads)}
+        procs = {}
+        for rank, node in enumerate(nodes):
+            log = log_path(cfg.exp, node)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "ab") as handle:  # the child keeps its own descriptor
+                procs[node] = subprocess.Popen(
+                    [sys.executable, "-m", "fedcli.fl.distributed.worker", str(config)], stdout=handle,
+                    stderr=None if rank == 0 else handle, env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank),
+                                                                     "FEDCLI_LAUNCHED": "1"})
+        try:
+            watch(procs, cfg.timeout + GRACE_S)
+        except BaseException:
+            stop(procs)
+            raise
+    failed = {node: p.returncode for node, p in procs.items() if p.returncode != 0}
+    if failed:
+        raise UserError(failure_line(cfg, failed, verdict(store)))
+    return [StrategyRun(name, fold, federate_dir(cfg.exp, name, fold),
+                        pd.read_csv(federate_dir(cfg.exp, name, fold) / "metrics.csv").to_dict("records"), nodes)
+            for name, fold in runs]
+
+
+def watch(procs: dict[str, subprocess.Popen], patience: float) -> None:
+    """Wait for every node; once one has failed, give the rest `patience` seconds, then kill them."""
+    deadline = None
+    while any(p.poll() is None for p in procs.values()):
+        if deadline is None and any(p.returncode not in (None, 0) for p in procs.values()):
+            deadline = time.monotonic() + patience
+        if deadline is not None and time.monotonic() > deadline:
+            stop(procs)
+        time.sleep(0.05)
+
+
+def stop(procs: dict[str, subprocess.Popen]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+    for p in procs.values():
+        p.wait()
+
+
+def verdict(store: dist.Store) -> str | None:
+    """The missing node as the surviving nodes named it in the store, if they did."""
+    try:
+        prefixed = dist.PrefixStore("fedcli", store)
+        return prefixed.get("verdict").decode() if prefixed.check(["verdict"]) else None
+    except RuntimeError:
+        return None
+
+
+def failure_line(cfg: FederateConfig, failed: dict[str, int], named: str | None) -> str:
+    """One line: which node stopped and how, what the others saw, and how to continue."""
+    killed = [f"{node} was killed by {signal.Signals(-code).name}" for node, code in failed.items() if code < 0]
+    errors = {node: last_error(log_path(cfg.exp, node)) for node, code in failed.items() if code > 0}
+    if killed:
+        parts = killed + ([f"the others stopped ({named})"] if named else [])
+    elif named:
+        parts = [named]
+    else:
+        node, message = next(iter(errors.items()))
+        parts = [f"node {node}: {message or f'failed with exit code {failed[node]}; see {log_path(cfg.exp, node)}'}"]
+    resumable = any(checkpoint_dir(federate_dir(cfg.exp, s, cfg.fold)).is_dir() for s in cfg.strategy)
+    tail = "; the last completed round is checkpointed: rerun with --resume" if resumable else ""
+    return "distributed run failed: " + "; ".join(parts) + tail + f" (logs: {cfg.exp / 'logs'})"
+
+
+def last_error(log: Path) -> str | None:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error: ")] \
+        if log.is_file() else []
+    return lines[-1].removeprefix("error: ") if lines else None

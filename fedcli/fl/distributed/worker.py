@@ -1,0 +1,191 @@
+"""One node's process of a distributed federate run (started by torchrun or by `--launch local`).
+
+It reads only its own node's manifest, images and buffer; everything it learns about the other
+nodes arrives through the transport (their payloads) or as counts and hashes. Before training, the
+ranks check that they share one partition and one set of options. At the end, rank 0 writes the
+strategy folder (metrics and comm of every node, and the models it can see: all of them when the
+ranks share a file system, as with --launch local); a rank on a machine of its own writes its own
+copy with its own models. Each rank logs to `<exp>/logs/<node>.log`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from fedcli.artifacts import canonical_json, load_tensors, save_tensors, sha256_file
+from fedcli.config import FederateConfig, stage_values, to_json
+from fedcli.data.node_manifest import NodeManifest, load_node_manifest
+from fedcli.devices import distributed_backend, resolve_device, torch_threads
+from fedcli.errors import UserError
+from fedcli.fl.checkpoint import Checkpoint
+from fedcli.fl.distributed.group import Group
+from fedcli.fl.distributed.transport import TorchTransport
+from fedcli.fl.engine import NodeImages, run_rounds
+from fedcli.fl.progress import RoundProgress
+from fedcli.fl.stage import StrategyRun, buffer_user, checkpoint_dir, computed, federation, load_buffer, \
+    planned_runs, run_label, strategy_config, write_output
+from fedcli.fl.strategies import make_strategy
+from fedcli.layout import BUFFER, federate_dir, gan_dir
+
+FINAL = "final"  # a rank's final models, inside its checkpoint part, for rank 0 to collect
+
+
+def log_path(exp: Path, node: str) -> Path:
+    return Path(exp) / "logs" / f"{node}.log"
+
+
+def node_logger(exp: Path, node: str) -> logging.Logger:
+    path = log_path(exp, node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger(f"fedcli.node.{node}")
+    logger.handlers.clear()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return logger
+
+
+def run(cfg: FederateConfig) -> list[StrategyRun]:
+    """This process's node of every strategy (and fold); rank 0 returns the runs, others []."""
+    device = resolve_device(cfg.device)
+    backend, device = distributed_backend(device)
+    group = Group(cfg.timeout, backend, device)
+    try:
+        manifest = load_node_manifest(cfg.exp, cfg.node, group.rank)
+        log = node_logger(cfg.exp, manifest.own)
+        log.info("rank %d of %d, backend %s, device %s", group.rank, group.world, backend, device)
+        try:
+            with torch_threads(cfg.threads):
+                return Rank(cfg, group, manifest, device, log).run_all()
+        except UserError as exc:
+            log.error("error: %s", exc)
+            raise
+    finally:
+        group.close()
+
+
+class Rank:
+    def __init__(self, cfg: FederateConfig, group: Group, manifest: NodeManifest, device: str,
+                 log: logging.Logger):
+        self.cfg, self.group, self.manifest, self.device, self.log = cfg, group, manifest, device, log
+        self.node = manifest.own
+        self.assign_nodes()
+        self.runs = planned_runs(cfg, manifest)
+        user = buffer_user(cfg)
+        self.buffers = {self.node: load_buffer(cfg.exp, manifest, self.node, cfg.buffer_size, user)} if user else {}
+        own = {"sha256": sha256_file(gan_dir(cfg.exp, self.node) / BUFFER), "size": len(self.buffers[self.node])} \
+            if user else None
+        infos = self.group.exchange("sharing buffer hashes", own)
+        self.buffer_info = {n: i for n, i in zip(group.names, infos) if i is not None}
+        self.shared_disk = self.same_file_system()
+
+    def assign_nodes(self) -> None:
+        """Rank -> node, and one partition and one set of options across every rank."""
+        nodes = self.manifest.node_names
+        local = ("exp", "device", "model_weights")  # may differ between hospitals' machines
+        options = {k: v for k, v in computed(to_json(self.cfg)).items() if k not in local}
+        digest = hashlib.sha256(canonical_json(options).encode())
+        claims = self.group.exchange("the rendezvous", [self.node, self.manifest.content_hash, digest.hexdigest()])
+        names = [c[0] for c in claims]
+        self.group.assign(names)
+        if self.group.world != len(nodes):
+            raise UserError(f"{self.group.world} processes joined but the partition has {len(nodes)} nodes; start "
+                            "exactly one process per node")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise UserError(f"two processes claim node {twice[0]}; give each process its own --node")
+        for (name, partition, options) in claims:
+            if partition != self.manifest.content_hash:
+                raise UserError(f"node {name} holds another partition than node {self.node}; give every node its "
+                                "manifest from the same fedcli partition run")
+            if options != digest.hexdigest():
+                raise UserError(f"node {name} was started with other federate options than node {self.node}; "
+                                "start every node with the same options")
+
+    def same_file_system(self) -> bool:
+        """Whether this rank sees rank 0's files (then rank 0 writes the one strategy folder)."""
+        token = self.group.exchange("the file-system check", secrets.token_hex(8) if self.group.rank == 0 else None)[0]
+        marker = Path(self.cfg.exp) / "logs" / f".rendezvous-{token}"
+        if self.group.rank == 0:
+            marker.touch()
+        self.group.exchange("the file-system check", True)
+        shared = marker.exists()
+        self.group.exchange("the file-system check", True)
+        if self.group.rank == 0:
+            marker.unlink()
+        return shared
+
+    def run_all(self) -> list[StrategyRun]:
+        runs = [self.run_one(name, fold) for name, fold in self.runs]
+        return runs if self.group.rank == 0 else []
+
+    def run_one(self, name: str, fold: int | None) -> StrategyRun:
+        cfg, node = self.cfg, self.node
+        out = federate_dir(cfg.exp, name, fold)
+        transport = TorchTransport(self.group, run_label(name, fold))
+        fed = federation(cfg, self.manifest, self.device, fold, self.buffers, NodeImages(self.manifest),
+                         transport=transport, local_nodes=[node], cross_eval=cfg.cross_eval)
+        resolved = strategy_config(cfg, self.manifest, name, fold, self.buffer_info)
+        strategy = make_strategy(name, cfg.mu, resolved["buffer_size"] or 0)
+        work = checkpoint_dir(out)
+        self.log.info("%s: start (resume=%s)", run_label(name, fold), cfg.resume)
+        started = time.perf_counter()
+        with self.progress(run_label(name, fold)) as on_round:
+            rows, transfers = run_rounds(fed, strategy, cfg.rounds, cfg.eval_every,
+                                         Checkpoint(work, fed.nodes, local=[node]), computed(resolved), cfg.resume,
+                                         on_round)
+        sent = sum(t.bytes for t in transfers if t.sender == node)
+        self.log.info("%s: done in %.2f s, %d bytes sent", run_label(name, fold), time.perf_counter() - started, sent)
+        final = work / node / FINAL
+        for key, model in strategy.models().items():
+            save_tensors(final / f"{key}.safetensors", {k: v.detach().cpu() for k, v in model.state_dict().items()})
+        self.group.exchange(f"{run_label(name, fold)}: writing the results", True)  # final models are on disk
+        if self.group.rank == 0 or not self.shared_disk:
+            folders = sorted(work.glob(f"*/{FINAL}")) if self.group.rank == 0 else [final]
+            states = {p.stem: load_tensors(p, "final model") for f in folders for p in sorted(f.glob("*.safetensors"))}
+            write_output(out, rows, transfers, states, resolved, cfg.overwrite or cfg.resume)
+            shutil.rmtree(work if self.group.rank == 0 else work / node, ignore_errors=True)
+        return StrategyRun(name, fold, out, rows, fed.nodes)
+
+    @contextlib.contextmanager
+    def progress(self, label: str):
+        """Rank 0 draws the round bar; every rank logs each round's time."""
+        bar = RoundProgress(label, self.cfg.rounds) if self.group.rank == 0 else contextlib.nullcontext()
+        last = [time.perf_counter()]
+
+        def update(round_: int) -> None:
+            now = time.perf_counter()
+            self.log.info("%s: round %d done in %.3f s", label, round_, now - last[0])
+            last[0] = now
+            if self.group.rank == 0:
+                bar.update(round_)
+
+        with bar:
+            yield update
+
+
+def main(argv: list[str]) -> None:
+    """`python -m fedcli.fl.distributed.worker CONFIG.json`: how `--launch local` starts a node. Its
+    output goes to the node's log, where the launcher reads the error line."""
+    values = json.loads(Path(argv[0]).read_text())
+    try:
+        cfg = FederateConfig(exp=Path(values.pop("exp")),
+                             **stage_values(FederateConfig, "federate", values, "launch config"))
+        run(cfg)
+    except UserError as exc:
+        print(f"error: {exc}", flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
