@@ -57,8 +57,8 @@ def load_node_manifest(exp: Path, node: str | None, rank: int) -> NodeManifest:
     folder = nodes_dir(exp)
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
     if node is None:
-        names = (Manifest.load(exp).node_names if manifest_path(exp).is_file() else
-                 [n["name"] for n in read_json(files[0], "node manifest")["nodes"]] if files else None)
+        names = ([n["name"] for n in read_json(files[0], "node manifest")["nodes"]] if files else
+                 Manifest.load(exp).node_names if manifest_path(exp).is_file() else None)
         if names is None:
             raise UserError(f"no partition in {exp} (neither partition/manifest.json nor partition/nodes/); run "
                             "fedcli partition there or copy this node's manifest into partition/nodes/")

@@ -134,9 +134,9 @@ def strategy_config(cfg: FederateConfig, manifest: Manifest, name: str, fold: in
 
 
 def computed(resolved: dict) -> dict:
-    """What decides a run's numbers: the resolved options less how it executes (engine, threads),
-    so either engine can resume the other's checkpoint."""
-    return {k: v for k, v in resolved.items() if k not in ENGINE_OPTIONS}
+    """What decides a run's numbers: the resolved options less where the experiment lies and how the
+    run executes (engine, threads), so a moved experiment, or the other engine, resumes a checkpoint."""
+    return {k: v for k, v in resolved.items() if k not in ENGINE_OPTIONS and k != "exp"}
 
 
 def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fold: int | None,

@@ -84,6 +84,9 @@ def run(cfg: ReportConfig) -> Report:
         headline = None
         for label, reps in groups.items():
             w.lines += [f"## Federated learning{f' ({label})' if label else ''}", ""]
+            note = study.engine_note(reps)
+            if note:
+                w.lines += [note, ""]
             for builder in GROUP_TABLES:
                 made = w.table(builder(reps, metric), label)
                 if builder is study.headline and headline is None:

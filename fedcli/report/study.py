@@ -13,6 +13,7 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
+from fedcli.fl.transport import KINDS
 from fedcli.report.collect import Stat, SubExperiment, cross_scores, own_scores
 
 BASELINES = ("feder", "standalone", "central", "central-synthetic", "central-mixed")
@@ -76,7 +77,7 @@ def convergence_values(subs: list[SubExperiment], strategy: str, metric: str, no
     """Per test set: every node model's score, pooled over replicates."""
     pooled: dict[str, list[float]] = defaultdict(list)
     for s in subs:
-        if (run := s.run(strategy)) is not None:
+        if (run := s.run(strategy)) is not None and cross_evaluated(run.config):
             for node, values in cross_scores(run.metrics, metric, nodes).items():
                 pooled[node] += values
     return pooled
@@ -88,6 +89,29 @@ def performance_table(key: str, title: str, subs, strategies, metric: str, mark_
     frame = pd.DataFrame({name: performance_cells(subs, name, metric, nodes) for name in strategies}).T
     frame.index.name = "strategy"
     return ReportTable(key, title, frame, note, mark_best)
+
+
+def cross_evaluated(config: dict) -> bool:
+    """Whether a run tested every node model on every test set (the distributed engine only with
+    --cross-eval; the in-process simulation always)."""
+    return config.get("engine", "inprocess") != "distributed" or bool(config.get("cross_eval"))
+
+
+def engine_note(subs: list[SubExperiment]) -> str | None:
+    """Which strategies ran one process per node, and whether their models travelled for evaluation."""
+    runs = {r.strategy: r.config for s in subs for r in s.runs if r.config.get("engine") == "distributed"}
+    if not runs:
+        return None
+    on = [name for name, config in runs.items() if config.get("cross_eval")]
+    off = [name for name in runs if name not in on]
+    parts = [f"{', '.join(runs)} ran on the distributed engine (one torch.distributed process per node)."]
+    if on:
+        parts.append(f"Cross-evaluation was on for {', '.join(on)}: every node model was sent to every node to be "
+                     "tested (eval traffic in Table 8), which FedER-A otherwise never does.")
+    if off:
+        parts.append(f"Cross-evaluation was off for {', '.join(off)}: each node tested only the models it holds, so "
+                     "these have no node-convergence (Table 3) or ensemble entries.")
+    return " ".join(parts)
 
 
 def table2(subs: list[SubExperiment], metric: str) -> Built:
@@ -109,7 +133,11 @@ def table3(subs: list[SubExperiment], metric: str) -> Built:
     rows = {}
     for name in present:
         pooled = convergence_values(subs, name, metric, nodes)
-        rows[name] = {node: Stat.of(pooled[node]) for node in nodes}
+        if any(pooled.values()):
+            rows[name] = {node: Stat.of(pooled[node]) for node in nodes}
+    if "feder" not in rows:
+        return Missing(title, "every node model on every test set: the in-process engine, or --engine distributed "
+                       "with --cross-eval")
     return ReportTable("table3_node_convergence", title, pd.DataFrame(rows).T,
                        f"{metric} on each test set: mean ± std over the node models (a small std = the nodes' "
                        "models agree)")
@@ -209,7 +237,7 @@ def table8(subs: list[SubExperiment], metric: str) -> Built:
             received = comm[comm.receiver.isin(nodes)].bytes.sum() / n
             per_rep["sent/node (MB)"].append(sent / MB)
             per_rep["received/node (MB)"].append(received / MB)
-            for kind in ("model", "buffer", "global-model", "eval"):
+            for kind in KINDS:
                 per_rep[f"{kind} (MB)"].append(comm[comm.kind == kind].bytes.sum() / n / MB)
             per_rep["sent/node/round (MB)"].append(sent / rounds / MB)
         if per_rep:
@@ -219,9 +247,10 @@ def table8(subs: list[SubExperiment], metric: str) -> Built:
     frame = pd.DataFrame(rows).T
     frame = frame[[c for c in frame.columns if any(cell.mean > 0 for cell in frame[c])] or frame.columns[:1]]
     return ReportTable("table8_communication", title, frame,
-                       "bytes as measured on the transport, per node: model = model passing, global-model = server "
-                       "to node, eval = cross-evaluation traffic; centralized training moves raw data and is not "
-                       "counted")
+                       "bytes as measured on the transport, per node: model = model passing (or node to server), "
+                       "global-model = server to node, eval = cross-evaluation traffic, all-reduce = the volume a "
+                       "ring all-reduce sends per node (distributed engine, computed from the vector size); "
+                       "centralized training moves raw data and is not counted")
 
 
 def table1(subs: list[SubExperiment], metric: str) -> Built:

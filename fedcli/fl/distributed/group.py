@@ -127,7 +127,7 @@ class Group:
 
     def _verdict(self, ranks: list[int], reason: str, what: str, publish: bool = True) -> str:
         who = ", ".join(f"{self.names[r]} (rank {r})" for r in ranks) or "a peer"
-        message = f"lost node {who} during {what}: {reason}"
+        message = f"lost {who} during {what}: {reason}"
         if publish:
             with contextlib.suppress(RuntimeError):
                 return self.store.compare_set("verdict", "", message).decode()

@@ -92,7 +92,7 @@ class Rank:
     def assign_nodes(self) -> None:
         """Rank -> node, and one partition and one set of options across every rank."""
         nodes = self.manifest.node_names
-        local = ("exp", "device", "model_weights")  # may differ between hospitals' machines
+        local = ("device", "model_weights")  # may differ between hospitals' machines
         options = {k: v for k, v in computed(to_json(self.cfg)).items() if k not in local}
         digest = hashlib.sha256(canonical_json(options).encode())
         claims = self.group.exchange("the rendezvous", [self.node, self.manifest.content_hash, digest.hexdigest()])

@@ -1,0 +1,194 @@
+"""`fedcli federate --engine distributed`: one process per node over torch.distributed (gloo, loopback).
+
+The distributed engine must give the in-process engine's numbers, survive a node's death with one
+clear line and a resumable checkpoint, and never let a node read another node's data.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import copy_exp, make_folders, tiny_gan_exp
+from fedcli.artifacts import load_tensors, read_json
+from fedcli.data.manifest import Manifest
+
+DISTRIBUTED = ["--engine", "distributed", "--launch", "local"]
+ONE_THREAD = ["--threads", "1"]  # CPU results depend on the thread count: fix it in both engines
+
+
+@pytest.fixture(scope="module")
+def fl_exp(tmp_path_factory):
+    return tiny_gan_exp(tmp_path_factory, nodes=3)
+
+
+def frames(exp: Path, strategy: str, name: str = "metrics.csv") -> pd.DataFrame:
+    return pd.read_csv(exp / "federate" / strategy / name)
+
+
+def own_rows(metrics: pd.DataFrame) -> pd.DataFrame:
+    own = metrics[(metrics.model_node == metrics.test_node) | (metrics.model_node == "global")]
+    return own.reset_index(drop=True)
+
+
+def test_three_processes_reproduce_the_in_process_metrics_with_cross_evaluation(cli, fl_exp, tmp_path):
+    strategies = ["--strategy", "feder", "--strategy", "feder-a", "--strategy", "fedavg"]
+    common = [*strategies, "--rounds", "2", "--bootstrap", "20", *ONE_THREAD]
+    simulated = copy_exp(fl_exp, tmp_path / "simulated")
+    distributed = copy_exp(fl_exp, tmp_path / "distributed")
+    cli.ok("federate", "--exp", simulated, *common)
+    result = cli.ok("federate", "--exp", distributed, *common, *DISTRIBUTED, "--cross-eval")
+    assert "node performance" in result.output  # the launcher prints the same tables
+    for strategy in ("feder", "feder-a", "fedavg"):
+        expected, got = frames(simulated, strategy), frames(distributed, strategy)
+        pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=0, atol=1e-6)
+        for key in read_json(simulated / "federate" / strategy / "config.json", "c")["config"]["inputs"]:
+            assert key in read_json(distributed / "federate" / strategy / "config.json", "c")["inputs"]
+        models = sorted(p.name for p in (simulated / "federate" / strategy / "models").iterdir())
+        assert sorted(p.name for p in (distributed / "federate" / strategy / "models").iterdir()) == models
+        for name in models:
+            a = load_tensors(simulated / "federate" / strategy / "models" / name, "m")
+            b = load_tensors(distributed / "federate" / strategy / "models" / name, "m")
+            assert all((a[k] == b[k]).all() for k in a), (strategy, name)  # the same bits
+
+    comm = {s: frames(distributed, s, "comm.csv") for s in ("feder", "feder-a", "fedavg")}
+    nodes = ["node0", "node1", "node2"]
+    # FedER-A sends only buffers while training; its models moved only because --cross-eval asked
+    assert set(comm["feder-a"].kind) == {"buffer", "eval"}
+    assert set(comm["feder"].kind) == {"model", "buffer", "eval"}
+    # no server: averaging is an all-reduce, every node contributing once per round
+    avg = comm["fedavg"]
+    assert set(avg.kind) == {"all-reduce"} and set(avg.receiver) == {"all"}
+    assert sorted(avg.groupby("round").sender.apply(sorted).tolist()) == [nodes, nodes]
+    # eval traffic: each node's model to each other node, every evaluated round (0, 1, 2)
+    evals = comm["feder"][comm["feder"].kind == "eval"]
+    assert len(evals) == 3 * 3 * 2 and (evals.sender != evals.receiver).all()
+    model_bytes = comm["feder"][comm["feder"].kind == "model"].bytes
+    assert set(evals.bytes) == set(model_bytes)
+    for node in nodes:
+        assert (distributed / "logs" / f"{node}.log").is_file()
+    assert not list((distributed / "federate").glob(".*checkpoint"))
+
+
+def test_without_cross_evaluation_each_node_tests_only_its_own_model(cli, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "feder-a", "--strategy", "fedbn", "--rounds", "1",
+           "--bootstrap", "20", *DISTRIBUTED)
+    for strategy in ("feder-a", "fedbn"):
+        metrics = frames(exp, strategy)
+        assert (metrics.model_node == metrics.test_node).all() and len(metrics) == 2 * 3
+        assert "eval" not in set(frames(exp, strategy, "comm.csv").kind)
+    assert set(frames(exp, "feder-a", "comm.csv").kind) == {"buffer"}  # FedER-A's models never leave
+    cli.ok("report", exp)
+    report = (exp / "report" / "report.md").read_text()
+    assert "Cross-evaluation was off for feder-a, fedbn" in report
+
+
+def worker_pids(exp: Path) -> dict[int, int]:
+    """rank -> pid of the node processes started for `exp` (they inherit FEDCLI_TEST_RUN)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes()
+            environ = dict(item.split(b"=", 1) for item in (entry / "environ").read_bytes().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        if b"fedcli.fl.distributed.worker" in command and environ.get(b"FEDCLI_TEST_RUN") == str(exp).encode():
+            found[int(environ[b"RANK"])] = int(entry.name)
+    return found
+
+
+def start(exp: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fedcli", "federate", "--exp", str(exp), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FEDCLI_TEST_RUN": str(exp), **(env or {})})
+
+
+def test_a_killed_node_stops_the_others_and_either_engine_resumes_to_the_same_metrics(cli, fl_exp, tmp_path):
+    args = ["--strategy", "feder", "--rounds", "6", "--epochs", "2", "--bootstrap", "20", *ONE_THREAD]
+    reference = copy_exp(fl_exp, tmp_path / "reference")
+    cli.ok("federate", "--exp", reference, *args)
+
+    exp = copy_exp(fl_exp, tmp_path / "killed")
+    timeout = 20
+    launcher = start(exp, *args, *DISTRIBUTED, "--timeout", str(timeout))
+    work = exp / "federate" / ".feder.checkpoint"
+    deadline = time.monotonic() + 120
+    while not (work / "node1" / "round-2.json").is_file():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.02)
+    pids = worker_pids(exp)
+    assert sorted(pids) == [0, 1, 2]
+    os.kill(pids[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    _, stderr = launcher.communicate(timeout=timeout + 30)
+    stopped_within = time.monotonic() - killed_at
+
+    assert launcher.returncode == 2
+    lines = stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "Traceback" not in stderr
+    assert "node1 was killed by SIGKILL" in lines[-1] and "lost node1 (rank 1)" in lines[-1]
+    assert "--resume" in lines[-1]
+    assert stopped_within < timeout  # a dead peer is noticed at once, not after the timeout
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids.values())  # no process left behind
+    assert not (exp / "federate" / "feder").exists()
+    for node in ("node0", "node1", "node2"):
+        assert (work / node / "round-2.json").is_file()
+
+    in_process = copy_exp(exp, tmp_path / "in-process")  # the same checkpoint, resumed by the other engine
+    cli.ok("federate", "--exp", exp, *args, *DISTRIBUTED, "--resume")
+    pd.testing.assert_frame_equal(frames(exp, "feder"), own_rows(frames(reference, "feder")))
+    cli.ok("federate", "--exp", in_process, *args, "--resume")
+    resumed = frames(in_process, "feder")
+    last = frames(reference, "feder")["round"].max()
+    pd.testing.assert_frame_equal(resumed[resumed["round"] == last].reset_index(drop=True),
+                                  frames(reference, "feder").query(f"round == {last}").reset_index(drop=True))
+
+
+OPEN_HOOK = '''
+import os, sys
+_log = os.environ.get("FEDCLI_TEST_OPEN_LOG")
+if _log and "fedcli.fl.distributed.worker" in sys.orig_argv:
+    _fd = os.open(f"{_log}.{os.environ.get('RANK', 'x')}", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def _hook(event, args):
+        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            os.write(_fd, os.fsencode(os.path.abspath(os.fsdecode(args[0]))) + b"\\n")
+
+    sys.addaudithook(_hook)
+'''
+
+
+def test_a_node_process_opens_only_its_own_image_files(cli, tmp_path):
+    """Every hospital's images lie in one tree here; an audit hook records each file a node process opens."""
+    data = make_folders(tmp_path / "data", {site: {"benign": 8, "malign": 8} for site in ("east", "north", "south")})
+    exp = tmp_path / "exp"
+    cli.ok("partition", "--source", "folders", "--data-dir", data, "--image-size", "16", "--exp", exp)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(OPEN_HOOK)
+    log = tmp_path / "opened"
+    launcher = start(exp, "--strategy", "fedavg", "--strategy", "standalone", "--rounds", "1", "--bootstrap", "20",
+                     *DISTRIBUTED, env={"PYTHONPATH": str(hook), "FEDCLI_TEST_OPEN_LOG": str(log)})
+    _, stderr = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, stderr
+
+    manifest = Manifest.load(exp)
+    files = {node: {str((data / r["path"]).resolve()) for split in ("train", "test")
+                    for r in manifest.records(node, split)} for node in manifest.node_names}
+    every_image = set().union(*files.values())
+    for rank, node in enumerate(manifest.node_names):
+        opened = {line for line in Path(f"{log}.{rank}").read_text().splitlines()}
+        images = opened & every_image
+        assert images == files[node], node  # all of its own images, and no other node's
+        assert str((exp / "partition" / "manifest.json").resolve()) not in opened  # it lists every hospital
+        assert str((exp / "partition" / "nodes" / f"{node}.json").resolve()) in opened
+    metrics = frames(exp, "standalone")
+    assert set(metrics.test_node) == set(manifest.node_names)
