@@ -208,8 +208,9 @@ def federate(
                                   "distributed (one torch.distributed process per node: gloo on CPU, nccl on CUDA)."),
     launch: Launch = typer.Option(FederateConfig.launch, help="local: start one process per node on this machine "
                                   "(loopback); none: this process is one node, started by torchrun."),
-    node: Optional[str] = typer.Option(None, help="Distributed: the node this process is \\[default: by rank].",
-                                       show_default=False),
+    node: Optional[str] = typer.Option(None, "--node", "--node-name", help="Distributed: the node this process is "
+                                       "\\[default: by rank]. Under torchrun write --node-name (torchrun reads --node "
+                                       "as its --node-rank).", show_default=False),
     timeout: float = typer.Option(FederateConfig.timeout, help="Distributed: seconds any transfer or collective "
                                   "waits for a peer before the run stops."),
     cross_eval: bool = typer.Option(FederateConfig.cross_eval, help="Distributed: send every node's model to every "
