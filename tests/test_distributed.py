@@ -19,6 +19,7 @@ import pytest
 from conftest import copy_exp, make_folders, tiny_gan_exp
 from fedcli.artifacts import load_tensors, read_json
 from fedcli.data.manifest import Manifest
+from fedcli.errors import UserError
 
 DISTRIBUTED = ["--engine", "distributed", "--launch", "local"]
 ONE_THREAD = ["--threads", "1"]  # CPU results depend on the thread count: fix it in both engines
@@ -112,7 +113,7 @@ def start(exp: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
 
 
 def test_a_killed_node_stops_the_others_and_either_engine_resumes_to_the_same_metrics(cli, fl_exp, tmp_path):
-    args = ["--strategy", "feder", "--rounds", "6", "--epochs", "2", "--bootstrap", "20", *ONE_THREAD]
+    args = ["--strategy", "feder", "--rounds", "4", "--epochs", "2", "--bootstrap", "20", *ONE_THREAD]
     reference = copy_exp(fl_exp, tmp_path / "reference")
     cli.ok("federate", "--exp", reference, *args)
 
@@ -192,3 +193,73 @@ def test_a_node_process_opens_only_its_own_image_files(cli, tmp_path):
         assert str((exp / "partition" / "nodes" / f"{node}.json").resolve()) in opened
     metrics = frames(exp, "standalone")
     assert set(metrics.test_node) == set(manifest.node_names)
+
+
+def test_a_hung_node_is_named_and_the_others_stop_within_the_timeout(fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    timeout = 4
+    launcher = start(exp, "--strategy", "fedavg", "--rounds", "20", "--bootstrap", "20", *ONE_THREAD, *DISTRIBUTED,
+                     "--timeout", str(timeout))
+    deadline = time.monotonic() + 120
+    while not (exp / "federate" / ".fedavg.checkpoint" / "node2" / "round-1.json").is_file():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.02)
+    pids = worker_pids(exp)
+    os.kill(pids[2], signal.SIGSTOP)  # alive but silent, as a frozen machine
+    stopped_at = time.monotonic()
+    _, stderr = launcher.communicate(timeout=60)
+    line = stderr.strip().splitlines()[-1]
+    assert launcher.returncode == 2 and "lost node2 (rank 2)" in line, stderr
+    assert "the launcher killed node2" in line and "--resume" in line
+    for node in ("node0", "node1"):  # the others stopped on their own, within the timeout (+ the diagnosis)
+        log = (exp / "logs" / f"{node}.log").read_text()
+        assert "error: lost node2 (rank 2)" in log
+    assert time.monotonic() - stopped_at < timeout + 5 + 10
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids.values())
+
+
+def test_partition_writes_a_manifest_per_node_holding_only_its_own_records(digits_exp):
+    from fedcli.data.node_manifest import load_node_manifest
+
+    manifest = Manifest.load(digits_exp)
+    for rank, node in enumerate(manifest.node_names):
+        view = read_json(digits_exp / "partition" / "nodes" / f"{node}.json", "node manifest")
+        assert view["partition_hash"] == manifest.content_hash and view["node"] == node
+        for entry in view["nodes"]:
+            if entry["name"] == node:
+                assert entry == manifest.node(node)
+            else:
+                full = manifest.node(entry["name"])
+                assert entry == {"name": full["name"], "site": full["site"], "train_count": len(full["train"]),
+                                 "test_count": len(full["test"])}
+        assert "statistics" not in view  # per-node label counts of the others
+        loaded = load_node_manifest(digits_exp, None, rank)
+        assert loaded.own == node and loaded.content_hash == manifest.content_hash
+        assert loaded.records(node, "test") == manifest.records(node, "test")
+        other = manifest.node_names[(rank + 1) % 3]
+        with pytest.raises(UserError, match=f"holds only node {node}'s records"):
+            loaded.records(other, "train")
+
+
+def test_an_edited_node_manifest_is_refused(digits_exp, tmp_path):
+    from fedcli.data.node_manifest import load_node_manifest
+
+    exp = copy_exp(digits_exp, tmp_path)
+    path = exp / "partition" / "nodes" / "node1.json"
+    path.write_text(path.read_text().replace('"label": 1', '"label": 2', 1))
+    with pytest.raises(UserError, match="node1's unmodified"):
+        load_node_manifest(exp, "node1", 0)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--launch", "local"], "--launch applies to --engine distributed"),
+    (["--cross-eval"], "--cross-eval applies to --engine distributed"),
+    (["--engine", "distributed", "--strategy", "central"], "central pools every node's data"),
+    (["--engine", "distributed", "--launch", "local", "--node", "node0"], "drop --node"),
+    (["--engine", "distributed"], "needs a rendezvous"),
+    (["--engine", "distributed", "--timeout", "0"], "--timeout must be positive"),
+])
+def test_distributed_options_that_cannot_work_are_one_line_errors(cli, digits_exp, args, expected, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert expected in cli.user_error("federate", "--exp", digits_exp, "--strategy", "fedavg", *args)

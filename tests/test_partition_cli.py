@@ -29,7 +29,7 @@ def test_digits_partition_is_a_valid_disjoint_complete_manifest(digits_exp, digi
     acquisitions = [n["acquisition"]["name"] for n in m["nodes"]]
     assert len(set(acquisitions)) == 3
     files = {p.name for p in (digits_exp / "partition").iterdir()}
-    assert files == {"manifest.json", "summary.csv", "summary.png", "config.json"}
+    assert files == {"manifest.json", "nodes", "summary.csv", "summary.png", "config.json"}
 
 
 def test_every_test_set_is_class_balanced(digits_manifest):

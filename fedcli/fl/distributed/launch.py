@@ -31,7 +31,7 @@ from fedcli.fl.distributed.worker import log_path
 from fedcli.fl.stage import StrategyRun, buffer_user, checkpoint_dir, load_buffer, planned_runs
 from fedcli.layout import federate_dir
 
-GRACE_S = 10.0  # beyond the timeout, before the launcher kills a node that has not stopped
+GRACE_S = 5.0  # beyond the timeout, before the launcher kills a node that has not stopped
 
 
 def free_port() -> int:
@@ -67,35 +67,38 @@ def run(cfg: FederateConfig) -> list[StrategyRun]:
                     stderr=None if rank == 0 else handle, env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank),
                                                                      "FEDCLI_LAUNCHED": "1"})
         try:
-            watch(procs, cfg.timeout + GRACE_S)
+            stuck = watch(procs, cfg.timeout + GRACE_S)
         except BaseException:
             stop(procs)
             raise
     failed = {node: p.returncode for node, p in procs.items() if p.returncode != 0}
     if failed:
-        raise UserError(failure_line(cfg, failed, verdict(store)))
+        raise UserError(failure_line(cfg, failed, verdict(store), stuck))
     return [StrategyRun(name, fold, federate_dir(cfg.exp, name, fold),
                         pd.read_csv(federate_dir(cfg.exp, name, fold) / "metrics.csv").to_dict("records"), nodes)
             for name, fold in runs]
 
 
-def watch(procs: dict[str, subprocess.Popen], patience: float) -> None:
-    """Wait for every node; once one has failed, give the rest `patience` seconds, then kill them."""
+def watch(procs: dict[str, subprocess.Popen], patience: float) -> list[str]:
+    """Wait for every node; once one has failed, give the rest `patience` seconds, then kill them.
+    Returns the nodes the launcher killed."""
     deadline = None
     while any(p.poll() is None for p in procs.values()):
         if deadline is None and any(p.returncode not in (None, 0) for p in procs.values()):
             deadline = time.monotonic() + patience
         if deadline is not None and time.monotonic() > deadline:
-            stop(procs)
+            return stop(procs)
         time.sleep(0.05)
+    return []
 
 
-def stop(procs: dict[str, subprocess.Popen]) -> None:
-    for p in procs.values():
-        if p.poll() is None:
-            p.kill()
+def stop(procs: dict[str, subprocess.Popen]) -> list[str]:
+    running = [node for node, p in procs.items() if p.poll() is None]
+    for node in running:
+        procs[node].kill()
     for p in procs.values():
         p.wait()
+    return running
 
 
 def verdict(store: dist.Store) -> str | None:
@@ -107,17 +110,17 @@ def verdict(store: dist.Store) -> str | None:
         return None
 
 
-def failure_line(cfg: FederateConfig, failed: dict[str, int], named: str | None) -> str:
+def failure_line(cfg: FederateConfig, failed: dict[str, int], named: str | None, stuck: list[str]) -> str:
     """One line: which node stopped and how, what the others saw, and how to continue."""
-    killed = [f"{node} was killed by {signal.Signals(-code).name}" for node, code in failed.items() if code < 0]
-    errors = {node: last_error(log_path(cfg.exp, node)) for node, code in failed.items() if code > 0}
-    if killed:
-        parts = killed + ([f"the others stopped ({named})"] if named else [])
-    elif named:
-        parts = [named]
+    killed = [f"{node} was killed by {signal.Signals(-code).name}" for node, code in failed.items()
+              if code < 0 and node not in stuck]
+    if killed or named:
+        parts = killed + ([f"the others stopped ({named})" if killed else named] if named else [])
     else:
-        node, message = next(iter(errors.items()))
-        parts = [f"node {node}: {message or f'failed with exit code {failed[node]}; see {log_path(cfg.exp, node)}'}"]
+        node, code = next((n, c) for n, c in failed.items() if n not in stuck)
+        parts = [f"node {node}: {last_error(log_path(cfg.exp, node)) or f'exit code {code}; see its log'}"]
+    if stuck:
+        parts.append(f"the launcher killed {', '.join(stuck)}, still running {cfg.timeout + GRACE_S:g} s later")
     resumable = any(checkpoint_dir(federate_dir(cfg.exp, s, cfg.fold)).is_dir() for s in cfg.strategy)
     tail = "; the last completed round is checkpointed: rerun with --resume" if resumable else ""
     return "distributed run failed: " + "; ".join(parts) + tail + f" (logs: {cfg.exp / 'logs'})"

@@ -88,6 +88,7 @@ class Rank:
         infos = self.group.exchange("sharing buffer hashes", own)
         self.buffer_info = {n: i for n, i in zip(group.names, infos) if i is not None}
         self.shared_disk = self.same_file_system()
+        self.images = NodeImages(manifest)  # decoded once for every strategy and fold
 
     def assign_nodes(self) -> None:
         """Rank -> node, and one partition and one set of options across every rank."""
@@ -133,7 +134,7 @@ class Rank:
         cfg, node = self.cfg, self.node
         out = federate_dir(cfg.exp, name, fold)
         transport = TorchTransport(self.group, run_label(name, fold))
-        fed = federation(cfg, self.manifest, self.device, fold, self.buffers, NodeImages(self.manifest),
+        fed = federation(cfg, self.manifest, self.device, fold, self.buffers, self.images,
                          transport=transport, local_nodes=[node], cross_eval=cfg.cross_eval)
         resolved = strategy_config(cfg, self.manifest, name, fold, self.buffer_info)
         strategy = make_strategy(name, cfg.mu, resolved["buffer_size"] or 0)
