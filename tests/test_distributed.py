@@ -78,20 +78,6 @@ def test_three_processes_reproduce_the_in_process_metrics_with_cross_evaluation(
     assert not list((distributed / "federate").glob(".*checkpoint"))
 
 
-def test_without_cross_evaluation_each_node_tests_only_its_own_model(cli, fl_exp, tmp_path):
-    exp = copy_exp(fl_exp, tmp_path)
-    cli.ok("federate", "--exp", exp, "--strategy", "feder-a", "--strategy", "fedbn", "--rounds", "1",
-           "--bootstrap", "20", *DISTRIBUTED)
-    for strategy in ("feder-a", "fedbn"):
-        metrics = frames(exp, strategy)
-        assert (metrics.model_node == metrics.test_node).all() and len(metrics) == 2 * 3
-        assert "eval" not in set(frames(exp, strategy, "comm.csv").kind)
-    assert set(frames(exp, "feder-a", "comm.csv").kind) == {"buffer"}  # FedER-A's models never leave
-    cli.ok("report", exp)
-    report = (exp / "report" / "report.md").read_text()
-    assert "Cross-evaluation was off for feder-a, fedbn" in report
-
-
 def worker_pids(exp: Path) -> dict[int, int]:
     """rank -> pid of the node processes started for `exp` (they inherit FEDCLI_TEST_RUN)."""
     found = {}
@@ -176,7 +162,7 @@ def test_a_node_process_opens_only_its_own_image_files(cli, tmp_path):
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(OPEN_HOOK)
     log = tmp_path / "opened"
-    launcher = start(exp, "--strategy", "fedavg", "--strategy", "standalone", "--rounds", "1", "--bootstrap", "20",
+    launcher = start(exp, "--strategy", "fedbn", "--strategy", "standalone", "--rounds", "1", "--bootstrap", "20",
                      *DISTRIBUTED, env={"PYTHONPATH": str(hook), "FEDCLI_TEST_OPEN_LOG": str(log)})
     _, stderr = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, stderr
@@ -191,13 +177,19 @@ def test_a_node_process_opens_only_its_own_image_files(cli, tmp_path):
         assert images == files[node], node  # all of its own images, and no other node's
         assert str((exp / "partition" / "manifest.json").resolve()) not in opened  # it lists every hospital
         assert str((exp / "partition" / "nodes" / f"{node}.json").resolve()) in opened
-    metrics = frames(exp, "standalone")
-    assert set(metrics.test_node) == set(manifest.node_names)
+
+    # without --cross-eval each node tests only the model it holds, and no model travels for it
+    for strategy in ("fedbn", "standalone"):
+        metrics = frames(exp, strategy)
+        assert (metrics.model_node == metrics.test_node).all() and len(metrics) == 2 * 3
+        assert "eval" not in set(frames(exp, strategy, "comm.csv").kind)
+    cli.ok("report", exp)
+    assert "Cross-evaluation was off for fedbn, standalone" in (exp / "report" / "report.md").read_text()
 
 
 def test_a_hung_node_is_named_and_the_others_stop_within_the_timeout(fl_exp, tmp_path):
     exp = copy_exp(fl_exp, tmp_path)
-    timeout = 4
+    timeout = 3
     launcher = start(exp, "--strategy", "fedavg", "--rounds", "20", "--bootstrap", "20", *ONE_THREAD, *DISTRIBUTED,
                      "--timeout", str(timeout))
     deadline = time.monotonic() + 120
@@ -216,6 +208,17 @@ def test_a_hung_node_is_named_and_the_others_stop_within_the_timeout(fl_exp, tmp
         assert "error: lost node2 (rank 2)" in log
     assert time.monotonic() - stopped_at < timeout + 5 + 10
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids.values())
+
+
+def test_a_node_that_cannot_start_is_reported_with_its_own_reason(cli, fl_exp, tmp_path):
+    """Only node2's process reads node2's manifest; the others see it vanish. The line gives node2's reason."""
+    exp = copy_exp(fl_exp, tmp_path)
+    path = exp / "partition" / "nodes" / "node2.json"
+    path.write_text(path.read_text().replace('"label": 1', '"label": 2', 1))
+    line = cli.user_error("federate", "--exp", exp, "--strategy", "fedavg", "--rounds", "1", *DISTRIBUTED,
+                          "--timeout", "20")
+    assert "node node2:" in line and "node2's unmodified" in line and "--resume" not in line
+    assert "error: lost rank 2 during the rendezvous" in (exp / "logs" / "node0.log").read_text()  # before names
 
 
 def test_partition_writes_a_manifest_per_node_holding_only_its_own_records(digits_exp):

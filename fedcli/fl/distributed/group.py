@@ -126,7 +126,8 @@ class Group:
         return self._verdict([peer] if peer is not None else [], "the connection failed", what)
 
     def _verdict(self, ranks: list[int], reason: str, what: str, publish: bool = True) -> str:
-        who = ", ".join(f"{self.names[r]} (rank {r})" for r in ranks) or "a peer"
+        who = ", ".join(self.names[r] if self.names[r] == f"rank {r}" else f"{self.names[r]} (rank {r})"
+                        for r in ranks) or "a peer"
         message = f"lost {who} during {what}: {reason}"
         if publish:
             with contextlib.suppress(RuntimeError):

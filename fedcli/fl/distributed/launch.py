@@ -114,11 +114,13 @@ def failure_line(cfg: FederateConfig, failed: dict[str, int], named: str | None,
     """One line: which node stopped and how, what the others saw, and how to continue."""
     killed = [f"{node} was killed by {signal.Signals(-code).name}" for node, code in failed.items()
               if code < 0 and node not in stuck]
-    if killed or named:
-        parts = killed + ([f"the others stopped ({named})" if killed else named] if named else [])
+    errors = {node: last_error(log_path(cfg.exp, node)) for node, code in failed.items() if code > 0}
+    causes = [f"node {node}: {message or f'exit code {failed[node]}; see its log'}"
+              for node, message in errors.items() if not (message or "").startswith("lost ")]
+    if killed:
+        parts = killed + ([f"the others stopped ({named})"] if named else [])
     else:
-        node, code = next((n, c) for n, c in failed.items() if n not in stuck)
-        parts = [f"node {node}: {last_error(log_path(cfg.exp, node)) or f'exit code {code}; see its log'}"]
+        parts = causes[:1] or [named or "see the logs"]
     if stuck:
         parts.append(f"the launcher killed {', '.join(stuck)}, still running {cfg.timeout + GRACE_S:g} s later")
     resumable = any(checkpoint_dir(federate_dir(cfg.exp, s, cfg.fold)).is_dir() for s in cfg.strategy)
