@@ -76,6 +76,8 @@ def test_three_processes_reproduce_the_in_process_metrics_with_cross_evaluation(
     for node in nodes:
         assert (distributed / "logs" / f"{node}.log").is_file()
     assert not list((distributed / "federate").glob(".*checkpoint"))
+    cli.ok("report", distributed)  # fedavg's one global model was everywhere already: nothing moved for it
+    assert "Cross-evaluation was on for feder, feder-a:" in (distributed / "report" / "report.md").read_text()
 
 
 def worker_pids(exp: Path) -> dict[int, int]:

@@ -1,8 +1,10 @@
 """The federation engine: data per node, model construction, the round loop, evaluation and
-per-round checkpoints.
+per-round checkpoints, for the nodes this process runs (all of them in process, one per rank).
 
 Data is loaded lazily per node and split, so a strategy that never asks for real training images
-(FedER-B) never reads them. Every random draw is keyed by (seed, model key, round, purpose).
+(FedER-B) never reads them, and a distributed rank never reads another node's. Every random draw is
+keyed by (seed, model key, round, purpose), so both engines draw the same numbers. Rows and
+transfers are sorted into one canonical order, whatever order they were computed or gathered in.
 """
 
 from __future__ import annotations

@@ -99,14 +99,14 @@ def cross_evaluated(config: dict) -> bool:
 
 def engine_note(subs: list[SubExperiment]) -> str | None:
     """Which strategies ran one process per node, and whether their models travelled for evaluation."""
-    runs = {r.strategy: r.config for s in subs for r in s.runs if r.config.get("engine") == "distributed"}
+    runs = {r.strategy: r for s in subs for r in s.runs if r.config.get("engine") == "distributed"}
     if not runs:
         return None
-    on = [name for name, config in runs.items() if config.get("cross_eval")]
-    off = [name for name in runs if name not in on]
+    moved = [name for name, r in runs.items() if r.comm is not None and (r.comm.kind == "eval").any()]
+    off = [name for name, r in runs.items() if not r.config.get("cross_eval")]
     parts = [f"{', '.join(runs)} ran on the distributed engine (one torch.distributed process per node)."]
-    if on:
-        parts.append(f"Cross-evaluation was on for {', '.join(on)}: every node model was sent to every node to be "
+    if moved:
+        parts.append(f"Cross-evaluation was on for {', '.join(moved)}: every node model was sent to every node to be "
                      "tested (eval traffic in Table 8), which FedER-A otherwise never does.")
     if off:
         parts.append(f"Cross-evaluation was off for {', '.join(off)}: each node tested only the models it holds, so "
