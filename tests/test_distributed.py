@@ -178,7 +178,8 @@ def test_a_node_process_opens_only_its_own_image_files(cli, tmp_path):
         images = opened & every_image
         assert images == files[node], node  # all of its own images, and no other node's
         assert str((exp / "partition" / "manifest.json").resolve()) not in opened  # it lists every hospital
-        assert str((exp / "partition" / "nodes" / f"{node}.json").resolve()) in opened
+        manifests = {str((exp / "partition" / "nodes" / f"{n}.json").resolve()): n for n in manifest.node_names}
+        assert {n for path, n in manifests.items() if path in opened} == {node}  # its own, no other hospital's
 
     # without --cross-eval each node tests only the model it holds, and no model travels for it
     for strategy in ("fedbn", "standalone"):

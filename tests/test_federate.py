@@ -276,6 +276,8 @@ def test_checkpoints_keep_two_rounds_and_resume_from_the_latest_every_node_holds
     assert states["a"]["w"].item() == 2.0 and states["b"]["w"].item() == 2.0
     with pytest.raises(CheckpointMismatch):
         everyone.load(2, {"k": 2})
+    everyone.truncate(2)  # resuming from round 2: node a's round 3 must not be offered to a later resume
+    assert everyone.rounds() == {2} and not (tmp_path / "a" / "round-3.json").exists()
 
 
 def test_resume_without_a_checkpoint_does_not_overwrite_finished_output(cli, fl_exp, tmp_path):

@@ -52,20 +52,23 @@ class NodeManifest(Manifest):
 
 
 def load_node_manifest(exp: Path, node: str | None, rank: int) -> NodeManifest:
-    """Node `node`'s manifest (or, without a name, the node at position `rank`): its own file when
-    there is one, else its part of the full manifest."""
+    """Node `node`'s manifest: its own file when there is one, else its part of the full manifest.
+    Without a name, the only file in `partition/nodes/` (a hospital's machine), else the node at
+    position `rank` of the full manifest (every node on one machine)."""
     folder = nodes_dir(exp)
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
     if node is None:
-        names = ([n["name"] for n in read_json(files[0], "node manifest")["nodes"]] if files else
-                 Manifest.load(exp).node_names if manifest_path(exp).is_file() else None)
-        if names is None:
-            raise UserError(f"no partition in {exp} (neither partition/manifest.json nor partition/nodes/); run "
-                            "fedcli partition there or copy this node's manifest into partition/nodes/")
-        if rank >= len(names):
-            raise UserError(f"rank {rank} has no node: the partition has {len(names)} nodes; start one process "
-                            "per node")
-        node = names[rank]
+        if len(files) == 1:
+            node = files[0].stem
+        elif manifest_path(exp).is_file():
+            names = Manifest.load(exp).node_names
+            if rank >= len(names):
+                raise UserError(f"rank {rank} has no node: the partition has {len(names)} nodes; start one process "
+                                "per node")
+            node = names[rank]
+        else:
+            raise UserError(f"{folder} holds {len(files)} node manifests and there is no full manifest to assign "
+                            "nodes by rank; pass --node-name")
     path = folder / f"{node}.json"
     if path.is_file():
         data = read_json(path, f"node manifest of {node}")
@@ -76,7 +79,7 @@ def load_node_manifest(exp: Path, node: str | None, rank: int) -> NodeManifest:
         return NodeManifest(data, path)
     if not manifest_path(exp).is_file():
         raise UserError(f"node {node} has no manifest ({path} is missing); copy it from the partition, or pass "
-                        "--node with this hospital's node name")
+                        "--node-name with this hospital's node name")
     full = Manifest.load(exp)
     full.node(node)
     return NodeManifest(node_view(full.data, node), manifest_path(exp))

@@ -95,6 +95,14 @@ class Checkpoint:
             transfers += [Transfer(**t) for t in progress["transfers"]]
         return states, rows, transfers
 
+    def truncate(self, round_: int) -> None:
+        """Drop this process's rounds after `round_`, the round a resume restarts from: a node that got
+        further must not offer those rounds to a later resume."""
+        for part in self._parts():
+            for path in part.glob("round-*.*"):
+                if round_of(path) > round_:
+                    path.unlink()
+
     def clear(self) -> None:
         """Remove what this process would write: its parts (a distributed rank) or everything."""
         for folder in [self.folder] if self.local is None else [self.folder / node for node in self.local]:

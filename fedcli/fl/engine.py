@@ -118,7 +118,8 @@ class Federation:
         """Every node's number of training images (the averaging weights), gathered once."""
         if self._train_sizes is None:
             local = {node: len(self.train[node]) for node in self.local_nodes}
-            self._train_sizes = {k: v for part in self.transport.gather(local) for k, v in part.items()}
+            self._train_sizes = {k: v for part in self.transport.gather(local, "sharing train sizes")
+                                 for k, v in part.items()}
         return self._train_sizes
 
     def receive_buffer(self, round_: int, sender: str, node: str) -> TensorSource:
@@ -190,6 +191,7 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
     done = resume_round(fed, checkpoint) if resume else None
     if done is not None:
         states, rows, transfers = checkpoint.load(done, config)
+        checkpoint.truncate(done)
         strategy.load_state(fed, {k: {n: t.to(fed.device) for n, t in s.items()} for k, s in states.items()})
         fed.transport.transfers = transfers
     else:
@@ -202,17 +204,18 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
         if round_ % eval_every == 0 or round_ == rounds:
             rows += fed.evaluate(strategy.name, round_, strategy.models())
         checkpoint.save(round_, strategy.state(), rows, fed.transport.transfers, config)
+        fed.transport.gather(round_, f"round {round_}: every node's checkpoint")
         if after_round is not None:
             after_round(round_)
-    rows = [row for part in fed.transport.gather(rows) for row in part]
-    transfers = [Transfer(**t) for part in fed.transport.gather([t.__dict__ for t in fed.transport.transfers])
-                 for t in part]
+    rows = [row for part in fed.transport.gather(rows, "gathering the metrics") for row in part]
+    transfers = [Transfer(**t) for part in fed.transport.gather([t.__dict__ for t in fed.transport.transfers],
+                                                                "gathering the transfers") for t in part]
     return sorted(rows, key=row_order(fed.nodes)), sorted(transfers, key=transfer_order(fed.nodes))
 
 
 def resume_round(fed: Federation, checkpoint: Checkpoint) -> int | None:
     """The latest round every node's checkpoint holds; None when no node has one (a fresh start)."""
-    held = fed.transport.gather(sorted(checkpoint.rounds()))
+    held = fed.transport.gather(sorted(checkpoint.rounds()), "comparing the checkpoints")
     if not any(held):
         return None
     common = set.intersection(*map(set, held))

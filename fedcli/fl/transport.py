@@ -65,8 +65,9 @@ class Transport(abc.ABC):
         """Every node's model payloads (by model key), given this process's: cross-evaluation."""
 
     @abc.abstractmethod
-    def gather(self, record) -> list:
-        """One JSON-able record from each process, in rank order (metadata only, never tensors)."""
+    def gather(self, record, what: str) -> list:
+        """One JSON-able record from each process, in rank order (metadata only, never tensors); also
+        a barrier. `what` names the exchange in an error."""
 
 
 class InProcessTransport(Transport):
@@ -101,7 +102,7 @@ class InProcessTransport(Transport):
     def share(self, round_: int, payloads: dict[str, bytes]) -> dict[str, bytes]:
         return dict(payloads)  # every model already lives here
 
-    def gather(self, record) -> list:
+    def gather(self, record, what: str) -> list:
         return [record]
 
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
-from fedcli.fl.transport import KINDS
+from fedcli.fl.transport import EVERYONE, KINDS
 from fedcli.report.collect import Stat, SubExperiment, cross_scores, own_scores
 
 BASELINES = ("feder", "standalone", "central", "central-synthetic", "central-mixed")
@@ -234,7 +234,7 @@ def table8(subs: list[SubExperiment], metric: str) -> Built:
             comm, n = run.comm, len(nodes)
             rounds = int(run.config.get("rounds") or 1)
             sent = comm[comm.sender.isin(nodes)].bytes.sum() / n
-            received = comm[comm.receiver.isin(nodes)].bytes.sum() / n
+            received = comm[comm.receiver.isin([*nodes, EVERYONE])].bytes.sum() / n  # a ring receives what it sends
             per_rep["sent/node (MB)"].append(sent / MB)
             per_rep["received/node (MB)"].append(received / MB)
             for kind in KINDS:

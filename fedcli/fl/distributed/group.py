@@ -2,7 +2,8 @@
 and naming the node that went missing.
 
 The rendezvous comes from the environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT); `--launch local` sets the same for processes on this machine. The key-value store of
+MASTER_PORT); `--launch local` sets the same for processes on this machine. Collectives use NCCL
+when every rank asks for it (a GPU each), else gloo; payload bytes always go over gloo. The key-value store of
 the rendezvous also carries a heartbeat per rank and a counter of the exchanges each rank has
 entered. When a transfer or collective fails (a peer died: the connection drops; a peer hangs: the
 timeout expires), the rank compares heartbeats and counters to name the node that stopped or fell
@@ -51,15 +52,23 @@ class Group:
                             "--launch local, or start each node with torchrun (see the README)")
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self.address, self.port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        self.timeout, self.backend = timeout, backend
-        self.device = torch.device(device if backend == "nccl" else "cpu")
+        self.timeout = timeout
         self.names = [f"rank {r}" for r in range(self.world)]  # node names once assigned
         self._steps = 0
+        self._lost: int | None = None  # how many nodes a failed exchange found missing
         try:
             self.store = connect_store(self.address, self.port, timeout, self.rank == 0 and not hosted_store())
-            self.store.set(f"joined/{self.rank}", "1")
-            dist.init_process_group(backend, store=dist.PrefixStore("pg", self.store), rank=self.rank,
-                                    world_size=self.world, timeout=datetime.timedelta(seconds=timeout))
+            self.store.set(f"joined/{self.rank}", backend)
+            self.store.wait([f"joined/{r}" for r in range(self.world)])
+            wanted = {self.store.get(f"joined/{r}").decode() for r in range(self.world)}
+            self.backend = "nccl" if wanted == {"nccl"} else "gloo"  # a hospital without a GPU: gloo everywhere
+            self.device = torch.device(device if self.backend == "nccl" else "cpu")
+            timedelta = datetime.timedelta(seconds=timeout)
+            dist.init_process_group(self.backend, store=dist.PrefixStore("pg", self.store), rank=self.rank,
+                                    world_size=self.world, timeout=timedelta)
+            # payload bytes live on the CPU and go point to point: gloo, whatever the collectives use
+            # (NCCL would queue a pair's send before its receive on one stream when N = 2)
+            self.bytes_group = dist.new_group(backend="gloo", timeout=timedelta) if self.backend == "nccl" else None
         except RuntimeError as exc:
             raise UserError(f"rank {self.rank} could not join the rendezvous at {self.address}:{self.port} within "
                             f"{timeout:g} s ({self._absent()}); start every node with the same address and port "
@@ -88,9 +97,17 @@ class Group:
         self.names = list(names)
 
     def close(self) -> None:
-        self._stop.set()
+        """Leave the group; its connections close, so peers still waiting on this rank fail at once.
+        Rank 0 may host the store (with torchrun, its agent does): after a failure it keeps the store up
+        until the other surviving ranks have read the verdict, so they name the right node."""
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.rank == 0 and self._lost is not None:
+            deadline = time.monotonic() + self.timeout
+            with contextlib.suppress(RuntimeError):
+                while self.store.add("reported", 0) < self.world - self._lost and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        self._stop.set()
 
     # --- failure diagnosis -------------------------------------------------------------------
     @contextlib.contextmanager
@@ -102,17 +119,22 @@ class Group:
         try:
             yield
         except RuntimeError as exc:
-            raise PeerLost(self.diagnose(what, peer)) from exc
+            message, self._lost = self.diagnose(what, peer)
+            with contextlib.suppress(RuntimeError):
+                self.store.add("reported", 1)
+            raise PeerLost(message) from exc
 
-    def diagnose(self, what: str, peer: int | None) -> str:
-        """Which node stopped: the published verdict, else silent heartbeats, else ranks that never
-        reached this exchange, else the peer of the failed transfer."""
+    def diagnose(self, what: str, peer: int | None) -> tuple[str, int]:
+        """Which node stopped, and how many: the published verdict, else silent heartbeats, else ranks
+        that never reached this exchange, else the peer of the failed transfer."""
         try:
-            if self.store.check(["verdict"]):
-                return self.store.get("verdict").decode()
+            if (published := self._published()) is not None:
+                return published
             others = [r for r in range(self.world) if r != self.rank]
             before = {r: self.store.add(f"beat/{r}", 0) for r in others}
             time.sleep(3 * HEARTBEAT_S)
+            if (published := self._published()) is not None:
+                return published
             silent = [r for r in others if self.store.add(f"beat/{r}", 0) == before[r]]
             behind = [r for r in others if self.store.add(f"steps/{r}", 0) < self._steps]
         except RuntimeError:  # the store went with its host
@@ -125,44 +147,54 @@ class Group:
             return self._verdict(behind, f"it did not reach this exchange within the {self.timeout:g} s timeout", what)
         return self._verdict([peer] if peer is not None else [], "the connection failed", what)
 
-    def _verdict(self, ranks: list[int], reason: str, what: str, publish: bool = True) -> str:
+    def _published(self) -> tuple[str, int] | None:
+        if not self.store.check(["verdict"]):
+            return None
+        count, _, message = self.store.get("verdict").decode().partition(" ")
+        return message, int(count)
+
+    def _verdict(self, ranks: list[int], reason: str, what: str, publish: bool = True) -> tuple[str, int]:
         who = ", ".join(self.names[r] if self.names[r] == f"rank {r}" else f"{self.names[r]} (rank {r})"
                         for r in ranks) or "a peer"
         message = f"lost {who} during {what}: {reason}"
         if publish:
             with contextlib.suppress(RuntimeError):
-                return self.store.compare_set("verdict", "", message).decode()
-        return message
+                count, _, message = self.store.compare_set("verdict", "", f"{len(ranks)} {message}").decode() \
+                    .partition(" ")
+                return message, int(count)
+        return message, len(ranks)
 
     # --- transfers and collectives ---------------------------------------------------------------
     def send_bytes(self, dst: int, tag: int, payload: bytes) -> list:
         """Non-blocking send of a length, then the bytes; returns the works (they hold the tensors)."""
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
-        size = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
-        return [(dist.isend(size, dst, tag=2 * tag), size), (dist.isend(data, dst, tag=2 * tag + 1), data)]
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        group = self.bytes_group
+        return [(dist.isend(size, dst, group=group, tag=2 * tag), size),
+                (dist.isend(data, dst, group=group, tag=2 * tag + 1), data)]
 
     def wait(self, works: list) -> None:
         for work, _ in works:
             work.wait(timeout=datetime.timedelta(seconds=self.timeout))
 
     def recv_bytes(self, src: int, tag: int) -> bytes:
-        size = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self.wait([(dist.irecv(size, src, tag=2 * tag), size)])
-        data = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
-        self.wait([(dist.irecv(data, src, tag=2 * tag + 1), data)])
-        return data.cpu().numpy().tobytes()
+        size = torch.zeros(1, dtype=torch.int64)
+        self.wait([(dist.irecv(size, src, group=self.bytes_group, tag=2 * tag), size)])
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        self.wait([(dist.irecv(data, src, group=self.bytes_group, tag=2 * tag + 1), data)])
+        return data.numpy().tobytes()
 
     def all_gather_bytes(self, payload: bytes) -> list[bytes]:
         """Every rank's bytes, in rank order (lengths first, then padded to the longest)."""
-        size = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        size = torch.tensor([len(payload)], dtype=torch.int64)
         sizes = [torch.zeros_like(size) for _ in range(self.world)]
-        dist.all_gather(sizes, size)
+        dist.all_gather(sizes, size, group=self.bytes_group)
         longest = max(int(s.item()) for s in sizes)
-        data = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        data = torch.zeros(longest, dtype=torch.uint8)
         data[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         out = [torch.empty_like(data) for _ in range(self.world)]
-        dist.all_gather(out, data)
-        return [o[:int(s.item())].cpu().numpy().tobytes() for o, s in zip(out, sizes)]
+        dist.all_gather(out, data, group=self.bytes_group)
+        return [o[:int(s.item())].numpy().tobytes() for o, s in zip(out, sizes)]
 
     def exchange(self, what: str, record) -> list:
         """Every rank's JSON-able record, in rank order; also a barrier."""

@@ -27,7 +27,8 @@ import torch.distributed as dist
 from fedcli.config import FederateConfig, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
-from fedcli.fl.distributed.worker import log_path
+from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
+from fedcli.fl.distributed.worker import MISMATCH_EXIT, log_path
 from fedcli.fl.stage import StrategyRun, buffer_user, checkpoint_dir, load_buffer, planned_runs
 from fedcli.layout import federate_dir
 
@@ -52,20 +53,20 @@ def run(cfg: FederateConfig) -> list[StrategyRun]:
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=cfg.timeout))
     with tempfile.TemporaryDirectory(prefix="fedcli-launch-") as tmp:
-        config = Path(tmp) / "federate.json"
-        values = to_json(dataclasses.replace(cfg, launch="none", threads=threads))
-        config.write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(len(nodes)),
                "LOCAL_WORLD_SIZE": str(len(nodes)), "FEDCLI_STORE_HOSTED": "1", "OMP_NUM_THREADS": str(threads)}
-        procs = {}
+        procs, logs = {}, {}
         for rank, node in enumerate(nodes):
+            config = Path(tmp) / f"{node}.json"  # the node is named, so no rank looks it up in another's manifest
+            values = to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node))
+            config.write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
             log = log_path(cfg.exp, node)
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab") as handle:  # the child keeps its own descriptor
+                logs[node] = (log, handle.tell())  # this launch's lines start here
                 procs[node] = subprocess.Popen(
                     [sys.executable, "-m", "fedcli.fl.distributed.worker", str(config)], stdout=handle,
-                    stderr=None if rank == 0 else handle, env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank),
-                                                                     "FEDCLI_LAUNCHED": "1"})
+                    stderr=None if rank == 0 else handle, env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)})
         try:
             stuck = watch(procs, cfg.timeout + GRACE_S)
         except BaseException:
@@ -73,7 +74,9 @@ def run(cfg: FederateConfig) -> list[StrategyRun]:
             raise
     failed = {node: p.returncode for node, p in procs.items() if p.returncode != 0}
     if failed:
-        raise UserError(failure_line(cfg, failed, verdict(store), stuck))
+        line = failure_line(cfg, runs, failed, {node: last_error(*logs[node]) for node in failed}, verdict(store),
+                            stuck)
+        raise CheckpointMismatch(line) if MISMATCH_EXIT in failed.values() else UserError(line)
     return [StrategyRun(name, fold, federate_dir(cfg.exp, name, fold),
                         pd.read_csv(federate_dir(cfg.exp, name, fold) / "metrics.csv").to_dict("records"), nodes)
             for name, fold in runs]
@@ -110,25 +113,31 @@ def verdict(store: dist.Store) -> str | None:
         return None
 
 
-def failure_line(cfg: FederateConfig, failed: dict[str, int], named: str | None, stuck: list[str]) -> str:
+def failure_line(cfg: FederateConfig, runs: list[tuple[str, int | None]], failed: dict[str, int],
+                 errors: dict[str, str | None], named: str | None, stuck: list[str]) -> str:
     """One line: which node stopped and how, what the others saw, and how to continue."""
     killed = [f"{node} was killed by {signal.Signals(-code).name}" for node, code in failed.items()
               if code < 0 and node not in stuck]
-    errors = {node: last_error(log_path(cfg.exp, node)) for node, code in failed.items() if code > 0}
     causes = [f"node {node}: {message or f'exit code {failed[node]}; see its log'}"
-              for node, message in errors.items() if not (message or "").startswith("lost ")]
+              for node, message in errors.items() if failed[node] > 0 and not (message or "").startswith("lost ")]
     if killed:
         parts = killed + ([f"the others stopped ({named})"] if named else [])
     else:
         parts = causes[:1] or [named or "see the logs"]
     if stuck:
         parts.append(f"the launcher killed {', '.join(stuck)}, still running {cfg.timeout + GRACE_S:g} s later")
-    resumable = any(checkpoint_dir(federate_dir(cfg.exp, s, cfg.fold)).is_dir() for s in cfg.strategy)
+    resumable = MISMATCH_EXIT not in failed.values() and any(  # a round that every node's part on disk holds
+        Checkpoint(checkpoint_dir(federate_dir(cfg.exp, name, fold)), []).rounds() for name, fold in runs)
     tail = "; the last completed round is checkpointed: rerun with --resume" if resumable else ""
     return "distributed run failed: " + "; ".join(parts) + tail + f" (logs: {cfg.exp / 'logs'})"
 
 
-def last_error(log: Path) -> str | None:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error: ")] \
-        if log.is_file() else []
-    return lines[-1].removeprefix("error: ") if lines else None
+def last_error(log: Path, start: int) -> str | None:
+    """The last `error:` line this launch's node wrote to its log."""
+    if not log.is_file():
+        return None
+    with open(log, "rb") as handle:
+        handle.seek(start)
+        lines = handle.read().decode(errors="replace").splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    return errors[-1].removeprefix("error: ") if errors else None

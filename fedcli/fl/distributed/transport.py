@@ -81,5 +81,5 @@ class TorchTransport(Transport):
             blobs = self.group.all_gather_bytes(payload)
         return dict(zip(self.group.names, blobs))
 
-    def gather(self, record) -> list:
-        return self.group.exchange(f"{self.strategy}: gathering records", record)
+    def gather(self, record, what: str) -> list:
+        return self.group.exchange(f"{self.strategy}: {what}", record)

@@ -25,7 +25,7 @@ from fedcli.config import FederateConfig, stage_values, to_json
 from fedcli.data.node_manifest import NodeManifest, load_node_manifest
 from fedcli.devices import distributed_backend, resolve_device, torch_threads
 from fedcli.errors import UserError
-from fedcli.fl.checkpoint import Checkpoint
+from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.distributed.group import Group
 from fedcli.fl.distributed.transport import TorchTransport
 from fedcli.fl.engine import NodeImages, run_rounds
@@ -36,6 +36,7 @@ from fedcli.fl.strategies import make_strategy
 from fedcli.layout import BUFFER, federate_dir, gan_dir
 
 FINAL = "final"  # a rank's final models, inside its checkpoint part, for rank 0 to collect
+MISMATCH_EXIT = 3  # a checkpoint from other options: the launcher raises CheckpointMismatch
 
 
 def log_path(exp: Path, node: str) -> Path:
@@ -63,7 +64,7 @@ def run(cfg: FederateConfig) -> list[StrategyRun]:
     try:
         manifest = load_node_manifest(cfg.exp, cfg.node, group.rank)
         log = node_logger(cfg.exp, manifest.own)
-        log.info("rank %d of %d, backend %s, device %s", group.rank, group.world, backend, device)
+        log.info("rank %d of %d, backend %s, device %s", group.rank, group.world, group.backend, device)
         try:
             with torch_threads(cfg.threads):
                 return Rank(cfg, group, manifest, device, log).run_all()
@@ -93,8 +94,9 @@ class Rank:
     def assign_nodes(self) -> None:
         """Rank -> node, and one partition and one set of options across every rank."""
         nodes = self.manifest.node_names
-        local = ("device", "model_weights")  # may differ between hospitals' machines
-        options = {k: v for k, v in computed(to_json(self.cfg)).items() if k not in local}
+        # may differ between ranks: where things lie, the hardware, how patient, what to overwrite
+        local = ("exp", "device", "model_weights", "threads", "timeout", "node", "launch", "overwrite")
+        options = {k: v for k, v in to_json(self.cfg).items() if k not in local}
         digest = hashlib.sha256(canonical_json(options).encode())
         claims = self.group.exchange("the rendezvous", [self.node, self.manifest.content_hash, digest.hexdigest()])
         names = [c[0] for c in claims]
@@ -185,7 +187,7 @@ def main(argv: list[str]) -> None:
         run(cfg)
     except UserError as exc:
         print(f"error: {exc}", flush=True)
-        sys.exit(2)
+        sys.exit(MISMATCH_EXIT if isinstance(exc, CheckpointMismatch) else 2)
 
 
 if __name__ == "__main__":
