@@ -204,7 +204,7 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
         if round_ % eval_every == 0 or round_ == rounds:
             rows += fed.evaluate(strategy.name, round_, strategy.models())
         checkpoint.save(round_, strategy.state(), rows, fed.transport.transfers, config)
-        fed.transport.gather(round_, f"round {round_}: every node's checkpoint")
+        fed.transport.gather(round_, f"the end of round {round_}")  # every node has saved it
         if after_round is not None:
             after_round(round_)
     rows = [row for part in fed.transport.gather(rows, "gathering the metrics") for row in part]

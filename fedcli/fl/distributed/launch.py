@@ -108,7 +108,8 @@ def verdict(store: dist.Store) -> str | None:
     """The missing node as the surviving nodes named it in the store, if they did."""
     try:
         prefixed = dist.PrefixStore("fedcli", store)
-        return prefixed.get("verdict").decode() if prefixed.check(["verdict"]) else None
+        # stored as "<number of missing nodes> <message>"
+        return prefixed.get("verdict").decode().partition(" ")[2] if prefixed.check(["verdict"]) else None
     except RuntimeError:
         return None
 
