@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -51,11 +52,13 @@ class Checkpoint:
     def save(self, round_: int, states: dict[str, dict[str, torch.Tensor]], rows: list[dict],
              transfers: list[Transfer], config: dict) -> None:
         """Each part's models go to their own file first; its JSON, which completes the round, last."""
-        parts: dict[str, dict] = {node: {"states": {}, "rows": [], "transfers": []}
-                                  for node in (self.local if self.local is not None else self.nodes)}
+        def empty() -> dict:
+            return {"states": {}, "rows": [], "transfers": []}
+        # every node's part is written, also one with nothing in it
+        parts = defaultdict(empty, {node: empty() for node in (self.local if self.local is not None else self.nodes)})
         for key, state in states.items():
             for owner in self._owners(key):
-                parts.setdefault(owner, {"states": {}, "rows": [], "transfers": []})["states"][key] = state
+                parts[owner]["states"][key] = state
         for row in rows:
             parts[row["test_node"]]["rows"].append(row)
         for transfer in transfers:

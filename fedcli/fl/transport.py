@@ -108,8 +108,8 @@ class InProcessTransport(Transport):
 
 def scale_exponents(state: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
     """Per tensor, the exponent E with every |value| < 2**E (int64, one per tensor)."""
-    return torch.tensor([int(torch.frexp(state[n].detach().double().abs().max()).exponent) if state[n].numel() else 0
-                         for n in names], dtype=torch.int64)
+    return torch.tensor([int(torch.frexp(state[n].detach().abs().max().double()).exponent) if state[n].numel() else 0
+                         for n in names], dtype=torch.int64)  # the max of the tensor, not a float64 copy of it
 
 
 def precision_bits(total_weight: int) -> int:

@@ -44,6 +44,18 @@ def connect_store(address: str, port: int, timeout: float, is_master: bool) -> d
     return dist.PrefixStore("fedcli", store)
 
 
+def published_verdict(store: dist.Store) -> tuple[str, int] | None:
+    """The verdict a rank published (`fedcli` keys), as (message, number of missing nodes)."""
+    if not store.check(["verdict"]):
+        return None
+    return parse_verdict(store.get("verdict"))
+
+
+def parse_verdict(stored: bytes) -> tuple[str, int]:
+    count, _, message = stored.decode().partition(" ")  # stored as "<number of missing nodes> <message>"
+    return message, int(count)
+
+
 class Group:
     def __init__(self, timeout: float, backend: str, device: str):
         missing = [name for name in ENV if name not in os.environ]
@@ -97,12 +109,13 @@ class Group:
         self.names = list(names)
 
     def close(self) -> None:
-        """Leave the group; its connections close, so peers still waiting on this rank fail at once.
-        Rank 0 may host the store (with torchrun, its agent does): after a failure it keeps the store up
-        until the other surviving ranks have read the verdict, so they name the right node."""
+        """Leave the group. When rank 0's own process hosts the store (no launcher or torchrun agent
+        does), after a failure it keeps the store up until the other surviving ranks have read the
+        verdict, so they name the right node; peers blocked on this rank may then wait for their
+        timeout, since the failed exchange still holds its connections."""
         if dist.is_initialized():
             dist.destroy_process_group()
-        if self.rank == 0 and self._lost is not None:
+        if self.rank == 0 and self._lost is not None and not hosted_store():
             deadline = time.monotonic() + self.timeout
             with contextlib.suppress(RuntimeError):
                 while self.store.add("reported", 0) < self.world - self._lost and time.monotonic() < deadline:
@@ -128,12 +141,12 @@ class Group:
         """Which node stopped, and how many: the published verdict, else silent heartbeats, else ranks
         that never reached this exchange, else the peer of the failed transfer."""
         try:
-            if (published := self._published()) is not None:
+            if (published := published_verdict(self.store)) is not None:
                 return published
             others = [r for r in range(self.world) if r != self.rank]
             before = {r: self.store.add(f"beat/{r}", 0) for r in others}
             time.sleep(3 * HEARTBEAT_S)
-            if (published := self._published()) is not None:
+            if (published := published_verdict(self.store)) is not None:
                 return published
             silent = [r for r in others if self.store.add(f"beat/{r}", 0) == before[r]]
             behind = [r for r in others if self.store.add(f"steps/{r}", 0) < self._steps]
@@ -147,21 +160,13 @@ class Group:
             return self._verdict(behind, f"it did not reach this exchange within the {self.timeout:g} s timeout", what)
         return self._verdict([peer] if peer is not None else [], "the connection failed", what)
 
-    def _published(self) -> tuple[str, int] | None:
-        if not self.store.check(["verdict"]):
-            return None
-        count, _, message = self.store.get("verdict").decode().partition(" ")
-        return message, int(count)
-
     def _verdict(self, ranks: list[int], reason: str, what: str, publish: bool = True) -> tuple[str, int]:
         who = ", ".join(self.names[r] if self.names[r] == f"rank {r}" else f"{self.names[r]} (rank {r})"
                         for r in ranks) or "a peer"
         message = f"lost {who} during {what}: {reason}"
         if publish:
             with contextlib.suppress(RuntimeError):
-                count, _, message = self.store.compare_set("verdict", "", f"{len(ranks)} {message}").decode() \
-                    .partition(" ")
-                return message, int(count)
+                return parse_verdict(self.store.compare_set("verdict", "", f"{len(ranks)} {message}"))
         return message, len(ranks)
 
     # --- transfers and collectives ---------------------------------------------------------------

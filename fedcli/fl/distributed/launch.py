@@ -28,6 +28,7 @@ from fedcli.config import FederateConfig, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
+from fedcli.fl.distributed.group import published_verdict
 from fedcli.fl.distributed.worker import MISMATCH_EXIT, log_path
 from fedcli.fl.stage import StrategyRun, buffer_user, checkpoint_dir, load_buffer, planned_runs
 from fedcli.layout import federate_dir
@@ -107,11 +108,10 @@ def stop(procs: dict[str, subprocess.Popen]) -> list[str]:
 def verdict(store: dist.Store) -> str | None:
     """The missing node as the surviving nodes named it in the store, if they did."""
     try:
-        prefixed = dist.PrefixStore("fedcli", store)
-        # stored as "<number of missing nodes> <message>"
-        return prefixed.get("verdict").decode().partition(" ")[2] if prefixed.check(["verdict"]) else None
+        published = published_verdict(dist.PrefixStore("fedcli", store))
     except RuntimeError:
         return None
+    return None if published is None else published[0]
 
 
 def failure_line(cfg: FederateConfig, runs: list[tuple[str, int | None]], failed: dict[str, int],
