@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcli import __version__
-from fedcli.errors import UserError
+from fedcli.errors import UserError, environment_message
 
 
 METADATA_KEY = "fedcli"
@@ -126,17 +126,6 @@ def load_tensors(path: Path, what: str) -> dict:
         raise UserError(f"{what} at {path} is corrupt ({exc}); recreate it") from exc
 
 
-def load_module(module, path: Path, what: str, mismatch: str):
-    """`module` with the safetensors state at `path`; a state that does not fit is a user error
-    ending in `mismatch` (what to do)."""
-    state = load_tensors(path, what)
-    try:
-        module.load_state_dict(state)
-    except RuntimeError as exc:
-        raise UserError(f"{what} {path} does not fit ({str(exc).splitlines()[0]}); {mismatch}") from exc
-    return module
-
-
 def provenance(stage: str, config: Mapping[str, Any], seed: int, inputs: Mapping[str, str]) -> dict:
     """The `config.json` every artifact folder carries: enough to detect a stale input."""
     return {
@@ -148,6 +137,14 @@ def provenance(stage: str, config: Mapping[str, Any], seed: int, inputs: Mapping
     }
 
 
+STAGING, OLD = "staging", "old"  # the folders next to an output that staged_output makes while writing it
+
+
+def aside(final: Path, kind: str) -> str:
+    """The name prefix of `final`'s staging folders (STAGING) or of its previous version moved aside (OLD)."""
+    return f".{Path(final).name}.{kind}-"
+
+
 @contextlib.contextmanager
 def staged_output(final: Path, overwrite: bool) -> Iterator[Path]:
     """Yield an empty staging folder that replaces `final` only if the block succeeds."""
@@ -155,12 +152,12 @@ def staged_output(final: Path, overwrite: bool) -> Iterator[Path]:
     check_output_free(final, overwrite)
     created_parents = [p for p in reversed(final.parents) if not p.exists()]
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.staging-"))
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=aside(final, STAGING)))
     os.chmod(staging, 0o777 & ~UMASK)
     try:
         yield staging
         if final.exists():
-            trash = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
+            trash = Path(tempfile.mkdtemp(dir=final.parent, prefix=aside(final, OLD)))
             os.replace(final, trash / final.name)
             os.replace(staging, final)
             shutil.rmtree(trash)
@@ -172,6 +169,52 @@ def staged_output(final: Path, overwrite: bool) -> Iterator[Path]:
             with contextlib.suppress(OSError):
                 parent.rmdir()
         raise
+
+
+def remove_leftovers(final: Path) -> tuple[list[str], bool]:
+    """Remove what a killed `staged_output` of `final` left next to it: staging folders, and the previous
+    output moved aside, which is put back first when `final` itself is missing (killed between the two
+    renames). Only for the holder of final's lock (fedcli.locking), so no live writer's folder goes.
+    Returns the names removed and whether the previous output was put back."""
+    final = Path(final)
+    if not final.parent.is_dir():
+        return [], False
+    found = sorted(p for p in final.parent.iterdir() if p.name.startswith((aside(final, STAGING), aside(final, OLD))))
+    restored = False
+    for folder in found:
+        previous = folder / final.name
+        if folder.name.startswith(aside(final, OLD)) and previous.is_dir() and not final.exists():
+            os.replace(previous, final)
+            restored = True
+        shutil.rmtree(folder, ignore_errors=True)
+    return [p.name for p in found], restored
+
+
+PROBE_ATTEMPTS = 5
+
+
+def check_writable(folder: Path) -> None:
+    """Fail now, not after hours of training, when `folder` cannot be made or written: create it if needed
+    and write a probe file there; both are removed again."""
+    folder = Path(folder)
+    created = [p for p in reversed([folder, *folder.parents]) if not p.exists()]
+    try:
+        for attempt in range(PROBE_ATTEMPTS):
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
+                break
+            except FileNotFoundError:  # another process probing the same folder removed it meanwhile
+                if attempt == PROBE_ATTEMPTS - 1:
+                    raise
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(environment_message(exc)) from exc
+    finally:
+        for parent in reversed(created):
+            with contextlib.suppress(OSError):
+                parent.rmdir()
 
 
 def check_output_free(final: Path, overwrite: bool) -> None:

@@ -11,11 +11,13 @@ from typer.core import TyperGroup
 
 from fedcli import __version__, console
 from fedcli.config import (AuditConfig, BufferCodec, Device, Engine, FederateConfig, GanConfig, Launch, LpipsNet,
-                           Metric, ModelName, PartitionConfig, ReportConfig, Scheme, Source, Task, resolve)
-from fedcli.errors import UserError
+                           Metric, ModelName, PartitionConfig, PredictConfig, ReportConfig, Scheme, Source, Task,
+                           resolve)
+from fedcli.errors import UserError, environment_message
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
 CONFIG_HELP = "TOML recipe; its \\[stage] table sets options, which options given here override."
+THREADS_HELP = "CPU threads torch may use \\[default: torch's, every core]; CPU results depend on it."
 
 
 class OneLineErrors(TyperGroup):
@@ -28,6 +30,9 @@ class OneLineErrors(TyperGroup):
             code = super().main(*args, standalone_mode=False, **kwargs)
         except UserError as exc:
             console.error(str(exc))
+            sys.exit(2)
+        except OSError as exc:  # the environment's failures: disk full, no permission, a file in the way
+            console.error(environment_message(exc))
             sys.exit(2)
         except typer.Abort:
             console.error("aborted")
@@ -93,10 +98,12 @@ def partition(
     task: Task = typer.Option(PartitionConfig.task, help="isic2019 only: melanoma (binary, FedER) or multiclass (8)."),
     test_fraction: float = typer.Option(PartitionConfig.test_fraction, help="Share of each node held out as a class-balanced test set."),
     folds: int = typer.Option(PartitionConfig.folds, help="Stratified cross-validation folds over each node's train part."),
-    image_size: int = typer.Option(PartitionConfig.image_size, help="Image side in pixels for every later stage (power of two >= 16)."),
+    image_size: int = typer.Option(PartitionConfig.image_size, help="Image side in pixels for every later stage: a power "
+                                   "of two from 16 to 1024 (every stage holds a node's images in memory)."),
     channels: Optional[int] = typer.Option(None, help="1 (grayscale) or 3 (RGB). Default: what the images "
                                            "are.", show_default=False),
     seed: int = typer.Option(PartitionConfig.seed, help="Seed of every random choice."),
+    threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(PartitionConfig.overwrite, help="Replace an existing <exp>/partition."),
 ) -> None:
@@ -105,7 +112,7 @@ def partition(
     Writes <exp>/partition/manifest.json, summary.csv, summary.png and config.json.
     """
     from fedcli.data.partition import run
-    from fedcli.data.summary import partition_table, short_test_notes
+    from fedcli.data.summary import partition_table, short_test_notes, untested_class_notes
 
     cfg = resolved_config(ctx, PartitionConfig, "partition")
     manifest = run(cfg)
@@ -113,7 +120,7 @@ def partition(
     for key, count in (manifest["dropped"] or {}).items():
         if count:
             console.out.print(f"dropped {count} images with {key}")
-    for note in short_test_notes(manifest):
+    for note in short_test_notes(manifest) + untested_class_notes(manifest):
         console.out.print(f"note: {note}")
     console.out.print(f"wrote {manifest.path.parent}")
 
@@ -151,6 +158,7 @@ def train_gan(
     sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "
                                      "the saved generator."),
     device: Device = typer.Option(GanConfig.device, help="auto (CUDA when present), cpu or cuda."),
+    threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(GanConfig.overwrite, help="Replace existing <exp>/gan/<node> folders."),
 ) -> None:
@@ -268,6 +276,7 @@ def audit_privacy(
     strict: bool = typer.Option(AuditConfig.strict, help="Exit with code 1 when the verdict is fail."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     device: Device = typer.Option(AuditConfig.device, help="auto (CUDA when present), cpu or cuda."),
+    threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(AuditConfig.overwrite, help="Replace existing <exp>/audit/<node> folders."),
 ) -> None:
@@ -300,6 +309,7 @@ def report(
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
     metric: Metric = typer.Option(ReportConfig.metric, help="Metric of the tables and figures: accuracy (the "
                                   "study), balanced-accuracy, f1 (macro) or auroc."),
+    threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
 ) -> None:
     """Turn an experiment's artifacts into the study's tables (Markdown, CSV, LaTeX) and figures.
@@ -330,6 +340,8 @@ def run(
                                        show_default=False),
     set_: list[str] = typer.Option([], "--set", help="Repeatable table.key=value overriding the recipe, e.g. "
                                    "federate.rounds=3 or sweep.seeds=[0,1,2]."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads of every stage, over the recipe's \\[default: "
+                                          "torch's, every core]; no part of the up-to-date check.", show_default=False),
 ) -> None:
     """Run a recipe's stages in order (partition, train-gan, federate, audit-privacy, report) into one folder.
 
@@ -346,7 +358,7 @@ def run(
     from fedcli.report.render import rich_table
 
     start = time.perf_counter()
-    runner = Runner(Recipe.load(recipe, set_), exp if exp is not None else Path("results") / recipe.stem)
+    runner = Runner(Recipe.load(recipe, set_, threads), exp if exp is not None else Path("results") / recipe.stem)
     counts = runner.run()
     headline = headline_table(runner.report_config)
     if headline is not None:
@@ -369,16 +381,25 @@ def predict(
     out: Optional[Path] = typer.Option(None, help="CSV to write \\[default: <exp>/predict/<strategy>_<model>.csv].",
                                        show_default=False),
     device: Device = typer.Option("auto", help="auto (CUDA when present), cpu or cuda."),
-    batch: int = typer.Option(64, help="Images per forward pass."),
+    batch: int = typer.Option(PredictConfig.batch, help="Images per forward pass."),
+    threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="Leave out files that are not usable images "
+                                  "(unreadable, corrupt, too many pixels), listing each, instead of stopping."),
 ) -> None:
     """Classify a folder of new images with a trained federated model.
 
     Images are resized and converted as in training. Writes a CSV with one row per image:
     file, predicted, predicted_index, p_<label> for each class.
     """
+    from fedcli.devices import torch_threads
     from fedcli.predict import run
 
-    result = run(exp, strategy, data_dir, node=node, ensemble=ensemble, out=out, device=device, batch=batch)
+    numbers = PredictConfig(batch=batch, threads=threads)
+    with torch_threads(numbers.threads):
+        result = run(exp, strategy, data_dir, node=node, ensemble=ensemble, out=out, device=device,
+                     batch=numbers.batch, skip_bad=skip_bad)
+    for name, why in result.skipped:
+        console.out.print(f"note: skipped {name}: {why}", markup=False, soft_wrap=True)
     console.out.print(result.summary(), markup=False, soft_wrap=True)
     console.out.print(f"wrote {result.out}", markup=False, soft_wrap=True)
 

@@ -3,11 +3,20 @@
 Precedence: an option given on the command line, else the recipe's `[stage]` table, else the
 option's default. Recipe keys are the command's option names (`test-fraction` or
 `test_fraction`); an unknown key or table is an error that names the valid ones.
+
+Numbers: every int and float field declares its range next to it (`ranged(default, low, high)`),
+and every config's `__post_init__` starts with `check_ranges`, the one rule for every numeric
+option, however it arrives (command line, recipe, `--set`, a sweep or a `[select]` grid): NaN is
+refused (it passes any `x < low` test), so is +-inf (no option gives it a meaning), and so is any
+value outside [low, high] (a typo such as `--rounds 1e20` or `--image-size 1048576` must not start
+hours of work or a terabyte allocation). A keyword value (a string such as `auto`, declared in the
+field's type) is not a number and skips the range; its meaning belongs in the option's help.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -23,6 +32,61 @@ Source = Literal["digits", "tuberculosis", "isic2019", "medmnist", "folders", "c
 Scheme = Literal["source", "iid", "dirichlet", "site-shift"]
 Task = Literal["melanoma", "multiclass"]
 
+MAX_COUNT = 10**6  # iterations, steps, rounds, epochs, images: beyond any study run, below a typo's 1e20
+MAX_SEED = 2**63 - 1  # seeds are hashed into keyed streams (rng.py); any int64 works
+MAX_BATCH = 4096
+MAX_THREADS = 1024
+MAX_FOLDS = 100
+# Every stage holds a node's images in memory as N x C x S x S uint8: 3 MiB per RGB image at 1024 px,
+# so 10,000 images already need 30 GiB (and the GAN's activations grow with S x S too).
+MAX_IMAGE_SIZE = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric option accepts: low..high, either end open or closed; never NaN or +-inf."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""  # what the bounds mean, for the message
+
+    def check(self, flag: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return  # None (chosen later, e.g. the partition's seed) or a keyword value
+        if math.isnan(value):
+            raise UserError(f"{flag} must be a number, got {value}")
+        if math.isinf(value):
+            raise UserError(f"{flag} must be a finite number, got {value}")
+        below = value <= self.low if self.low_open else value < self.low
+        above = value >= self.high if self.high_open else value > self.high
+        if below or above:
+            why = f" ({self.why})" if self.why else ""
+            raise UserError(f"{flag} must {self.describe()}{why}, got {value}")
+
+    def describe(self) -> str:
+        low, high = (str(x) if isinstance(x, int) else f"{x:g}" for x in (self.low, self.high))
+        if self.low == 0 and self.low_open:
+            return f"be positive and {'below' if self.high_open else 'at most'} {high}"
+        return f"lie in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def ranged(default: Any, low: float, high: float, **bounds: Any) -> Any:
+    """A config field with its accepted range (see Range), kept in the field's metadata."""
+    return dataclasses.field(default=default, metadata={"range": Range(low, high, **bounds)})
+
+
+def field_range(cls: type, name: str) -> Range:
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["range"]
+
+
+def check_ranges(cfg: Any) -> None:
+    """The one numeric rule: each field's declared range, reported under its option name."""
+    for field in dataclasses.fields(cfg):
+        if "range" in field.metadata:
+            field.metadata["range"].check(f"--{field.name.replace('_', '-')}", getattr(cfg, field.name))
+
 
 @dataclasses.dataclass(frozen=True)
 class PartitionConfig:
@@ -30,29 +94,24 @@ class PartitionConfig:
     source: Source = "digits"
     data_dir: Path | None = None
     scheme: Scheme | None = None
-    nodes: int | None = None
-    alpha: float = 0.5
+    nodes: int | None = ranged(None, 2, MAX_COUNT)
+    alpha: float = ranged(0.5, 0, 1000, low_open=True)
     site: str | None = None
     task: Task = "melanoma"
-    test_fraction: float = 0.2
-    folds: int = 5
-    image_size: int = 32
-    channels: int | None = None
-    seed: int = 0
+    test_fraction: float = ranged(0.2, 0, 1, low_open=True, high_open=True)
+    folds: int = ranged(5, 2, MAX_FOLDS)
+    image_size: int = ranged(32, 16, MAX_IMAGE_SIZE, why="a power of two; each stage holds a node's images in "
+                             "memory as N x C x S x S bytes")
+    channels: int | None = ranged(None, 1, 3)
+    seed: int = ranged(0, 0, MAX_SEED)
+    threads: int | None = ranged(None, 1, MAX_THREADS)
     overwrite: bool = False
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         size = self.image_size
-        if size < 16 or size & (size - 1):
+        if size & (size - 1):
             raise UserError(f"--image-size must be a power of two >= 16 (16, 32, 64, ...), got {size}")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise UserError(f"--test-fraction must lie strictly between 0 and 1, got {self.test_fraction}")
-        if self.folds < 2:
-            raise UserError(f"--folds must be at least 2, got {self.folds}")
-        if self.nodes is not None and self.nodes < 2:
-            raise UserError(f"--nodes must be at least 2, got {self.nodes}")
-        if self.alpha <= 0:
-            raise UserError(f"--alpha must be positive, got {self.alpha}")
         if self.channels not in (None, 1, 3):
             raise UserError(f"--channels must be 1 or 3, got {self.channels}")
         if self.source == "digits" and self.data_dir is not None:
@@ -75,6 +134,8 @@ def to_json(cfg) -> dict[str, Any]:
 def read_recipe(path: Path) -> dict[str, Any]:
     """A recipe's tables, after checking the file parses and names only known tables."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"recipe {path} is a folder, not a TOML file; pass the recipe file itself")
     if not path.is_file():
         raise UserError(f"recipe {path} not found; check the path")
     try:
@@ -112,6 +173,8 @@ def resolve(cls: type, cli: dict[str, Any], given_on_cli: set[str], recipe_path:
               for name in (f.name for f in dataclasses.fields(cls))}
     if values.get("exp") is None:
         raise UserError("no experiment folder: pass --exp DIR")
+    if Path(values["exp"]).exists() and not Path(values["exp"]).is_dir():
+        raise UserError(f"--exp {values['exp']} is a file, not a folder; pass a folder (it is created if missing)")
     return cls(**values)
 
 
@@ -150,44 +213,34 @@ class GanConfig:
 
     exp: Path
     node: str | None = None
-    seed: int | None = None  # default: the partition's seed
-    iterations: int = 400
-    patience: int = 200
-    pp_iterations: int = 100
-    fid_every: int = 50
-    fid_images: int = 512
-    fid_factor: float = 2.5
-    alpha: float = 1.0
-    batch: int = 32
-    lr: float = 0.0025
-    r1_gamma: float = 0.05
-    ada_target: float = 0.6
-    ada_kimg: float = 20.0
-    z_dim: int = 64
-    w_dim: int = 64
-    channel_base: int = 512
-    channel_max: int = 64
+    seed: int | None = ranged(None, 0, MAX_SEED)  # default: the partition's seed
+    iterations: int = ranged(400, 1, MAX_COUNT)
+    patience: int = ranged(200, 1, MAX_COUNT)
+    pp_iterations: int = ranged(100, 0, MAX_COUNT)
+    fid_every: int = ranged(50, 1, MAX_COUNT)
+    fid_images: int = ranged(512, 1, MAX_COUNT)
+    fid_factor: float = ranged(2.5, 1, 1000)
+    alpha: float = ranged(1.0, 0, 1000, why="0 disables the privacy loss")
+    batch: int = ranged(32, 2, MAX_BATCH)
+    lr: float = ranged(0.0025, 0, 1, low_open=True)
+    r1_gamma: float = ranged(0.05, 0, 10_000)
+    ada_target: float = ranged(0.6, 0, 1)
+    ada_kimg: float = ranged(20.0, 0, MAX_COUNT, low_open=True)
+    z_dim: int = ranged(64, 1, 4096)
+    w_dim: int = ranged(64, 1, 4096)
+    channel_base: int = ranged(512, 1, 2**16)
+    channel_max: int = ranged(64, 1, 4096)
     lpips_net: LpipsNet = "alex"
     lpips_weights: Path | None = None
     fid_weights: Path | None = None
-    buffer_size: int = 512
+    buffer_size: int = ranged(512, 1, MAX_COUNT)
     sample_only: bool = False
     device: Device = "auto"
+    threads: int | None = ranged(None, 1, MAX_THREADS)
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        if self.alpha < 0:
-            raise UserError(f"--alpha must be >= 0 (0 disables the privacy loss), got {self.alpha}")
-        for name in ("iterations", "fid_every", "fid_images", "batch", "buffer_size", "z_dim", "w_dim",
-                     "channel_base", "channel_max"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.pp_iterations < 0 or self.patience < 1:
-            raise UserError("--pp-iterations must be >= 0 and --patience >= 1")
-        if self.fid_factor < 1:
-            raise UserError(f"--fid-factor must be >= 1, got {self.fid_factor}")
-        if self.batch < 2:
-            raise UserError(f"--batch must be at least 2, got {self.batch}")
+        check_ranges(self)
         for name in ("lpips_weights", "fid_weights"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
@@ -208,56 +261,44 @@ class FederateConfig:
 
     exp: Path
     strategy: tuple[str, ...] = ("feder",)
-    rounds: int = 10
-    epochs: int = 1
-    init_epochs: int | None = None  # default: epochs
-    lr: float = 1e-3
-    batch: int = 32
+    rounds: int = ranged(10, 1, MAX_COUNT)
+    epochs: int = ranged(1, 1, MAX_COUNT)
+    init_epochs: int | None = ranged(None, 0, MAX_COUNT)  # default: epochs
+    lr: float = ranged(1e-3, 0, 1, low_open=True)
+    batch: int = ranged(32, 1, MAX_BATCH)
     node_batch: tuple[str, ...] = ()  # NODE=B overrides, e.g. montgomery=8 (the study's per-node sizes)
-    lam: float = 0.5
-    mu: float = 0.01
-    buffer_size: int | None = None  # default: the whole buffer
+    lam: float = ranged(0.5, 0, 1, why="lambda, the weight of the real-data loss")
+    mu: float = ranged(0.01, 0, 1000)
+    buffer_size: int | None = ranged(None, 0, MAX_COUNT)  # default: the whole buffer
     buffer_codec: BufferCodec = "png"
     model: ModelName = "cnn"
     pretrained: bool = False
     model_weights: Path | None = None
-    eval_every: int = 1
-    bootstrap: int = 1000
-    fold: int | None = None
+    eval_every: int = ranged(1, 1, MAX_COUNT)
+    bootstrap: int = ranged(1000, 10, 100_000, why="resamples for the 95% intervals")
+    fold: int | None = ranged(None, 0, MAX_FOLDS - 1)
     cv: bool = False
-    seed: int | None = None
+    seed: int | None = ranged(None, 0, MAX_SEED)
     device: Device = "auto"
     engine: Engine = "inprocess"
     launch: Launch = "none"
     node: str | None = None  # distributed, one process per node: the node this process is
-    timeout: float = 300.0  # seconds any transfer or collective may wait for a peer
+    timeout: float = ranged(300.0, 0, 7 * 86400, low_open=True, why="seconds")  # per transfer or collective
     cross_eval: bool = False
-    threads: int | None = None
+    threads: int | None = ranged(None, 1, MAX_THREADS)
     resume: bool = False
     overwrite: bool = False
 
     def __post_init__(self) -> None:
         from fedcli.fl.strategies import POOLED, STRATEGIES
 
+        check_ranges(self)
         object.__setattr__(self, "strategy", tuple(dict.fromkeys(self.strategy)))
         for name in self.strategy:
             if name not in STRATEGIES:
                 raise UserError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
         if not self.strategy:
             raise UserError("no --strategy given")
-        for name in ("rounds", "epochs", "batch", "eval_every"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.init_epochs is not None and self.init_epochs < 0:
-            raise UserError(f"--init-epochs must be >= 0, got {self.init_epochs}")
-        if self.mu < 0:
-            raise UserError(f"--mu must be >= 0, got {self.mu}")
-        if not 0.0 <= self.lam <= 1.0:
-            raise UserError(f"--lam (lambda, the weight of the real-data loss) must lie in [0, 1], got {self.lam}")
-        if self.buffer_size is not None and self.buffer_size < 0:
-            raise UserError(f"--buffer-size must be >= 0, got {self.buffer_size}")
-        if self.bootstrap < 10:
-            raise UserError(f"--bootstrap needs at least 10 resamples, got {self.bootstrap}")
         if self.fold is not None and self.cv:
             raise UserError("--fold and --cv exclude each other: --cv already runs every fold")
         if self.model_weights is not None and not Path(self.model_weights).is_file():
@@ -276,18 +317,15 @@ class FederateConfig:
         if self.engine == "distributed" and pooled:
             raise UserError(f"{pooled[0]} pools every node's data in one place, so it has no distributed form; run it "
                             "with --engine inprocess")
-        if self.timeout <= 0:
-            raise UserError(f"--timeout must be positive, got {self.timeout}")
-        if self.threads is not None and self.threads < 1:
-            raise UserError(f"--threads must be at least 1, got {self.threads}")
 
     def batch_sizes(self) -> dict[str, int]:
         """--node-batch NODE=B pairs as a dict."""
         sizes = {}
         for item in self.node_batch:
             node, _, size = item.partition("=")
-            if not node or not size.isdigit() or int(size) < 1:
+            if not node or not (size.isascii() and size.isdigit()):
                 raise UserError(f"--node-batch {item!r} is not NODE=B with a positive integer B (e.g. montgomery=8)")
+            field_range(FederateConfig, "batch").check(f"--node-batch {node}=B", int(size))
             sizes[node] = int(size)
         return sizes
 
@@ -298,26 +336,21 @@ class AuditConfig:
 
     exp: Path
     node: str | None = None
-    max_images: int = 200  # per group (members, non-members)
-    steps: int = 100
-    batch_size: int = 32
-    lr: float = 0.1
+    max_images: int = ranged(200, 1, MAX_COUNT)  # per group (members, non-members)
+    steps: int = ranged(100, 1, MAX_COUNT)
+    batch_size: int = ranged(32, 1, MAX_BATCH)
+    lr: float = ranged(0.1, 0, 1, low_open=True)
     optimize_noise: bool = False
-    max_auroc: float = 0.6
-    min_distance: float = 0.0
+    max_auroc: float = ranged(0.6, 0.5, 1, why="0.5 is chance")
+    min_distance: float = ranged(0.0, 0, 10, why="an LPIPS distance; 0 disables")
     strict: bool = False
-    seed: int | None = None
+    seed: int | None = ranged(None, 0, MAX_SEED)
     device: Device = "auto"
+    threads: int | None = ranged(None, 1, MAX_THREADS)
     overwrite: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "max_images"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not 0.5 <= self.max_auroc <= 1.0:
-            raise UserError(f"--max-auroc must lie in [0.5, 1], got {self.max_auroc}")
-        if self.min_distance < 0:
-            raise UserError(f"--min-distance must be >= 0, got {self.min_distance}")
+        check_ranges(self)
 
 
 Metric = Literal["accuracy", "balanced-accuracy", "f1", "auroc"]
@@ -330,3 +363,18 @@ class ReportConfig:
 
     exp: Path
     metric: Metric = "accuracy"
+    threads: int | None = ranged(None, 1, MAX_THREADS)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictConfig:
+    """`fedcli predict`'s numeric options (it reads no recipe; predict.run checks the others)."""
+
+    batch: int = ranged(64, 1, MAX_BATCH)
+    threads: int | None = ranged(None, 1, MAX_THREADS)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)

@@ -4,8 +4,9 @@ Also the CPU thread count and a distributed rank's backend."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -34,6 +35,15 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def with_threads(run: Callable) -> Callable:
+    """A stage's `run(cfg, ...)` under `torch_threads(cfg.threads)` (the stage's `--threads`)."""
+    @functools.wraps(run)
+    def wrapped(cfg, *args, **kwargs):
+        with torch_threads(cfg.threads):
+            return run(cfg, *args, **kwargs)
+    return wrapped
 
 
 def distributed_backend(device: str) -> tuple[str, str]:

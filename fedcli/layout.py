@@ -1,22 +1,49 @@
-"""Where each stage's artifacts live inside an experiment folder (see the README's layout)."""
+"""Where each stage's artifacts live inside an experiment folder (see the README's layout).
+
+Every folder a stage writes or replaces comes from here, and each is checked to lie inside the
+experiment folder before it is used: names come from data (node names) and recipes, and a hostile
+one must not make fedcli write or delete anywhere else. The check is on the names (one plain path
+component each, never `.`, `..`, empty, absolute or holding a separator), so the result is a child
+of `--exp` whatever the file system holds; links inside the experiment (`fedcli run` shares units
+between sub-experiments through relative links) are followed as links.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from fedcli.errors import UserError
 
 GENERATOR = "generator.safetensors"  # phase 2, privacy-preserving (EMA)
 GENERATOR_PHASE1 = "generator_phase1.safetensors"  # phase 1, standard GAN (EMA)
 BUFFER = "buffer.safetensors"
 
 
+def inside(exp: Path, *parts: str) -> Path:
+    """`exp/parts...`, refused unless every part is one plain path component."""
+    for part in parts:
+        if not isinstance(part, str) or part in ("", ".", "..") or "/" in part or "\\" in part or "\0" in part:
+            raise UserError(f"{part!r} cannot name a folder inside the experiment {exp} (it would lead elsewhere); "
+                            "rename it in the data and re-run fedcli partition")
+    return Path(exp).joinpath(*parts)
+
+
+def partition_dir(exp: Path) -> Path:
+    return inside(exp, "partition")
+
+
 def gan_dir(exp: Path, node: str) -> Path:
-    return Path(exp) / "gan" / node
+    return inside(exp, "gan", node)
 
 
 def federate_dir(exp: Path, strategy: str, fold: int | None = None) -> Path:
-    base = Path(exp) / "federate"
-    return base / strategy if fold is None else base / "cv" / strategy / f"fold{fold}"
+    parts = ("federate", strategy) if fold is None else ("federate", "cv", strategy, f"fold{fold}")
+    return inside(exp, *parts)
 
 
 def audit_dir(exp: Path, node: str) -> Path:
-    return Path(exp) / "audit" / node
+    return inside(exp, "audit", node)
+
+
+def report_dir(exp: Path) -> Path:
+    return inside(exp, "report")

@@ -5,10 +5,13 @@ size and channels; file sources through `decode_image`, array sources through th
 and channel conversion), then the evaluation code's `predict`, so a test image saved as a file
 gets exactly the probabilities its metrics were computed from. A node's simulated scanner
 transform is not applied: it stands in for a real scanner, and new images come from real ones.
+With `skip_bad`, files that are not usable images are listed instead of ending the run. File names
+that a spreadsheet would run as a formula are escaped in the CSV (`csv_text`).
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import os
 from collections import Counter
@@ -20,8 +23,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from fedcli.artifacts import load_module, read_json, write_csv
-from fedcli.data.imagefiles import GRAY_MODES, IMAGE_SUFFIXES, decode_image, is_image_file
+from fedcli.artifact_kinds import load_module
+from fedcli.artifacts import atomic_write_bytes, read_json
+from fedcli.data.imagefiles import IMAGE_SUFFIXES, BadImageError, decode_image, is_image_file, native_pixels
 from fedcli.data.loading import CHUNK, resize, to_channels
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device
@@ -32,6 +36,8 @@ from fedcli.layout import federate_dir
 from fedcli.models.classifier import build_classifier
 
 ARRAY_SOURCES = {"digits", "medmnist"}  # trained from in-memory arrays, resized as float tensors
+# OWASP's CSV injection list, plus the escape itself so that dropping one leading ' always undoes it
+ESCAPED_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
 
 
 @dataclasses.dataclass
@@ -40,16 +46,18 @@ class Prediction:
     strategy: str
     model: str  # a node name, "ensemble", "global" or "central"
     frame: pd.DataFrame
+    skipped: list[tuple[str, str]]  # (file relative to --data-dir, why), with --skip-bad
 
     def summary(self) -> str:
         counts = Counter(self.frame["predicted"])
         labels = [c[2:] for c in self.frame.columns if c.startswith("p_")]
         per_label = ", ".join(f"{name}: {counts[name]}" for name in labels if counts[name])
-        return f"predicted {len(self.frame)} images with {self.strategy} ({self.model}): {per_label}"
+        skipped = f"; skipped {len(self.skipped)} unusable files" if self.skipped else ""
+        return f"predicted {len(self.frame)} images with {self.strategy} ({self.model}): {per_label}{skipped}"
 
 
 def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensemble: bool = False,
-        out: Path | None = None, device: str = "auto", batch: int = 64) -> Prediction:
+        out: Path | None = None, device: str = "auto", batch: int = 64, skip_bad: bool = False) -> Prediction:
     if node is not None and ensemble:
         raise UserError("--node and --ensemble exclude each other; pass one of them")
     if batch < 1:
@@ -65,17 +73,18 @@ def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensem
     device = resolve_device(device)
     models = [load_model(folder / "models" / f"{key}.safetensors", f"model {key} of {strategy}", model_name,
                          manifest, device) for key in keys]
-    probs = np.concatenate([mean_probs(models, load_batch(manifest, files[i:i + CHUNK]), device, batch)
-                            for i in range(0, len(files), CHUNK)])
-    frame = table([f.relative_to(root).as_posix() for f in files], probs, manifest["label_names"])
+    names, probs, skipped = classify(models, manifest, root, files, device, batch, skip_bad)
+    frame = table(names, probs, manifest["label_names"])
     out = Path(out) if out is not None else exp / "predict" / f"{strategy}_{tag}.csv"
     if out.is_dir():
         raise UserError(f"--out {out} is a folder; give a file name such as {out / 'predictions.csv'}")
     try:
-        write_csv(out, frame)
+        # every text cell quoted: Python's csv leaves a carriage return in a file name unquoted under "\n"
+        atomic_write_bytes(out, frame.to_csv(index=False, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
+                           .encode())
     except OSError as exc:
         raise UserError(f"cannot write {out} ({exc.strerror or exc}); choose another --out") from exc
-    return Prediction(out, strategy, tag, frame)
+    return Prediction(out, strategy, tag, frame, skipped)
 
 
 def federate_model(exp: Path, folder: Path, strategy: str, manifest: Manifest) -> str:
@@ -134,10 +143,11 @@ def image_files(data_dir: Path) -> tuple[Path, list[Path]]:
 
 
 def load_model(path: Path, what: str, name: str, manifest: Manifest, device: str) -> nn.Module:
-    """A trained classifier in eval mode; the weights come only from safetensors (no pickle)."""
+    """A trained classifier in eval mode; the weights come only from safetensors (no pickle), checked as
+    their artifact kind says (recorded bytes and sha256, finite values, the classifier's shapes)."""
     model = build_classifier(name, manifest["channels"], manifest.num_classes, init_seed=0)
-    load_module(model, path, what, f"it is not a {name} with {manifest['channels']} channels and "
-                f"{manifest.num_classes} classes; re-run fedcli federate --overwrite")
+    load_module(model, path, what, "re-run fedcli federate --overwrite", unfit=f"it is not a {name} with "
+                f"{manifest['channels']} channels and {manifest.num_classes} classes")
     return model.to(device).eval()
 
 
@@ -147,10 +157,45 @@ def mean_probs(models: list[nn.Module], images: torch.Tensor, device: str, batch
     return probs[0] if len(probs) == 1 else np.mean(probs, axis=0)
 
 
-def load_batch(manifest: Manifest, paths: list[Path]) -> torch.Tensor:
-    """uint8 images (n, C, S, S), decoded in threads (PIL releases the GIL)."""
+def classify(models: list[nn.Module], manifest: Manifest, root: Path, files: list[Path], device: str, batch: int,
+             skip_bad: bool) -> tuple[list[str], np.ndarray, list[tuple[str, str]]]:
+    """(names of the files classified, their probabilities, (name, why) of the files skipped).
+
+    A file that is not a usable image ends the run, or with `skip_bad` is skipped.
+    """
+    names, probs, skipped = [], [], []
+    for start in range(0, len(files), CHUNK):
+        chunk, images = files[start:start + CHUNK], []
+        for path, image in zip(chunk, load_batch(manifest, chunk)):
+            name = path.relative_to(root).as_posix()
+            if not isinstance(image, BadImageError):
+                names.append(name)
+                images.append(image)
+            elif skip_bad:
+                skipped.append((name, image.reason))
+            else:
+                raise UserError(f"image {path} {image.reason}; replace or delete it, or pass --skip-bad to list "
+                                "such files and go on") from image
+        if images:
+            probs.append(mean_probs(models, torch.from_numpy(np.stack(images)), device, batch))
+    if not names:
+        first, why = skipped[0]
+        raise UserError(f"none of the {len(files)} image files under {root} is usable (first: {first} {why}); "
+                        "fix them or point --data-dir elsewhere")
+    return names, np.concatenate(probs), skipped
+
+
+def load_batch(manifest: Manifest, paths: list[Path]) -> list[np.ndarray | BadImageError]:
+    """Each file as a (C, S, S) uint8 image, or the reason it is not one; decoded in threads (PIL
+    releases the GIL), in order."""
+    def attempt(path: Path) -> np.ndarray | BadImageError:
+        try:
+            return decode(manifest, path)
+        except BadImageError as exc:
+            return exc
+
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        return torch.from_numpy(np.stack(list(pool.map(lambda p: decode(manifest, p), paths))))
+        return list(pool.map(attempt, paths))
 
 
 def decode(manifest: Manifest, path: Path) -> np.ndarray:
@@ -158,25 +203,20 @@ def decode(manifest: Manifest, path: Path) -> np.ndarray:
     size, channels = manifest["image_size"], manifest["channels"]
     if manifest["source"] not in ARRAY_SOURCES:
         return decode_image(path, size, channels)
-    native = torch.tensor(native_pixels(path)).float().div(255).unsqueeze(0)
+    native = torch.tensor(native_pixels(path))
+    native = (native.float().div(255) if native.dtype == torch.uint8 else native).unsqueeze(0)
     images = to_channels(resize(native, size), channels)
     return images[0].mul(255).round_().clamp_(0, 255).to(torch.uint8).numpy()
 
 
-def native_pixels(path: Path) -> np.ndarray:
-    """(C, H, W) uint8 at the file's own size: one channel for grayscale modes, else RGB."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as image:
-            array = np.asarray(image.convert("L" if image.mode in GRAY_MODES else "RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise UserError(f"image {path} is unreadable or corrupt ({exc}); replace or delete it") from exc
-    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+def csv_text(value: str) -> str:
+    """A cell a spreadsheet shows as text: one starting like a formula gets a leading `'` (OWASP)."""
+    return "'" + value if value.startswith(ESCAPED_STARTS) else value
 
 
 def table(files: list[str], probs: np.ndarray, label_names: list[str]) -> pd.DataFrame:
     pred = probs.argmax(axis=1)
-    columns = {"file": files, "predicted": [label_names[i] for i in pred], "predicted_index": pred}
+    columns = {"file": [csv_text(f) for f in files], "predicted": [label_names[i] for i in pred],
+               "predicted_index": pred}
     columns |= {f"p_{name}": probs[:, c] for c, name in enumerate(label_names)}
     return pd.DataFrame(columns)

@@ -22,4 +22,16 @@ def load_state(path: Path, what: str) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file
-        raise UserError(f"{what} {path} is not a readable PyTorch state dict ({exc})") from exc
+        raise UserError(f"{what} {path} is not a plain PyTorch state dict of tensors ({load_failure(exc)}); fedcli "
+                        "never runs pickled code from a weights file, so give torchvision's own weights file") from exc
+
+
+def load_failure(exc: Exception) -> str:
+    """Why torch refused a file, without its advice to load it with weights_only=False: that advice is
+    wrong for a file from elsewhere, which could run code."""
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()
+        first = detail[0].split(". ")[0].strip() if detail else "unsupported content"
+        return f"not loadable without running pickled code: {first[:160]}"
+    return (text.strip().splitlines() or [type(exc).__name__])[0][:200]

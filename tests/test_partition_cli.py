@@ -136,7 +136,7 @@ def test_single_class_node_is_refused_but_a_missing_class_is_not(cli, tmp_path):
     data = make_folders(tmp_path / "one", {"a": {"x": 6, "y": 6}, "b": {"x": 8}})
     exp = tmp_path / "exp"
     line = cli.user_error("partition", "--source", "folders", "--data-dir", data, "--exp", exp, "--folds", "2")
-    assert "node b has a single class" in line
+    assert "node b has fewer than two classes with two or more images (such classes: x (8 images))" in line
     assert_nothing_written(exp)
     ok = make_folders(tmp_path / "two", {"a": {"x": 8, "y": 8, "z": 8}, "b": {"x": 8, "y": 8}})
     cli.ok("partition", "--source", "folders", "--data-dir", ok, "--exp", exp, "--folds", "2")

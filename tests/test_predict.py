@@ -7,11 +7,13 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from conftest import Cli, make_folders
+from conftest import Cli, make_folders, record_case
 from fedcli.artifacts import load_tensors
 from fedcli.data.manifest import Manifest
 from fedcli.fl.engine import Federation
 from fedcli.fl.evaluate import predict
+from fedcli.predict import decode
+from test_decoding import RAMP16, bomb_png, file_bytes, monotone
 
 TINY = ["--rounds", "1", "--epochs", "1", "--bootstrap", "20", "--device", "cpu"]
 
@@ -169,3 +171,83 @@ def test_data_dir_errors_are_one_line_and_write_nothing(cli, exp, tmp_path):
     assert "no partition" in cli.user_error("predict", "--exp", tmp_path / "nothing", "--strategy", "fedavg",
                                             "--data-dir", tmp_path / "mixed")
     assert not out.parent.exists() and not (tmp_path / "nothing").exists()
+
+
+def bad_folder(folder, bad: tuple[str, ...], good: int = 3):
+    """`good` readable PNGs plus the named bad files: corrupt.png (garbage), huge.png (a 30000^2 bomb)."""
+    folder.mkdir(parents=True)
+    for k in range(good):
+        Image.new("L", (16, 16), 60 * k).save(folder / f"good_{k}.png")
+    if "corrupt" in bad:
+        (folder / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated garbage")
+    if "bomb" in bad:
+        bomb_png(folder / "huge.png", 30000)
+    return folder
+
+
+@pytest.mark.parametrize("bad, name, why", [("corrupt", "corrupt.png", "corrupt"),
+                                            ("bomb", "huge.png", "decompression bomb")])
+def test_a_bad_file_stops_predict_with_one_line_suggesting_skip_bad(cli, exp, tmp_path, bad, name, why):
+    images, out = bad_folder(tmp_path / "images", (bad,)), tmp_path / "out" / "p.csv"
+    before = file_bytes(exp)
+    args = ["predict", "--exp", exp, "--strategy", "fedavg", "--data-dir", images, "--out", out, "--device", "cpu"]
+    result = cli(*args)
+    record_case(7 if bad == "bomb" else 10, f"{bad} image file at predict", args, result,
+                intact=file_bytes(exp) == before and not out.parent.exists())
+    line = cli.user_error(*args)
+    assert name in line and why in line and "--skip-bad" in line
+    assert not out.parent.exists() and file_bytes(exp) == before
+
+
+def test_skip_bad_lists_bad_files_and_predicts_the_rest(cli, exp, tmp_path):
+    images, out = bad_folder(tmp_path / "images", ("corrupt", "bomb")), tmp_path / "p.csv"
+    before = file_bytes(exp)
+    args = ["predict", "--exp", exp, "--strategy", "fedavg", "--data-dir", images, "--out", out, "--device", "cpu",
+            "--skip-bad"]
+    result = cli(*args)
+    record_case(10, "--skip-bad with a corrupt file and a bomb", args, result, intact=file_bytes(exp) == before)
+    assert result.exit_code == 0 and result.stderr == "", result.output + result.stderr
+    notes = [line for line in result.output.splitlines() if line.startswith("note: skipped")]
+    assert len(notes) == 2
+    assert notes[0].startswith("note: skipped corrupt.png: is unreadable or corrupt")
+    assert notes[1].startswith("note: skipped huge.png: declares") and "decompression bomb" in notes[1]
+    assert "predicted 3 images" in result.output and "skipped 2 unusable files" in result.output
+    assert list(pd.read_csv(out)["file"]) == ["good_0.png", "good_1.png", "good_2.png"]
+
+    only_bad = bad_folder(tmp_path / "only_bad", ("corrupt", "bomb"), good=0)
+    args = ["predict", "--exp", exp, "--strategy", "fedavg", "--data-dir", only_bad, "--out", tmp_path / "none.csv",
+            "--device", "cpu", "--skip-bad"]
+    result = cli(*args)
+    record_case(10, "--skip-bad where every file is bad", args, result,
+                intact=file_bytes(exp) == before and not (tmp_path / "none.csv").exists())
+    line = cli.user_error(*args)
+    assert "none of the 2 image files" in line and "corrupt.png" in line
+    assert not (tmp_path / "none.csv").exists()
+
+
+def test_file_names_that_look_like_formulas_are_escaped_in_the_csv(cli, exp, tmp_path):
+    names = ["=1+1.png", "+cmd.png", "-2.png", "@SUM(A1).png", "\tx.png", "\rx.png", "'q.png", "plain.png"]
+    images = tmp_path / "images"
+    images.mkdir()
+    for k, name in enumerate(names):
+        Image.new("L", (16, 16), 20 * k).save(images / name)
+    out, before = tmp_path / "p.csv", file_bytes(exp)
+    args = ["predict", "--exp", exp, "--strategy", "fedavg", "--data-dir", images, "--out", out, "--device", "cpu"]
+    result = cli(*args)
+    record_case(10, "file names starting with = + - @ tab CR in the predict CSV", args, result,
+                intact=file_bytes(exp) == before)
+    assert result.exit_code == 0, result.output + result.stderr
+    written = list(pd.read_csv(out, keep_default_na=False)["file"])
+    assert written == [name if name == "plain.png" else "'" + name for name in sorted(names)]
+    assert [w[1:] if w.startswith("'") else w for w in written] == sorted(names)  # one ' undone gives the path
+
+
+def test_a_16_bit_file_takes_the_array_sources_path_scaled_not_clipped(exp, tmp_path):
+    """Digits is an array source: predict resizes the file as a float tensor, as training resizes arrays."""
+    Image.fromarray(RAMP16).save(tmp_path / "ramp16.png")
+    Image.fromarray((RAMP16 / 65535).astype(np.float32), "F").save(tmp_path / "ramp.tif")
+    manifest = Manifest.load(exp)
+    image = decode(manifest, tmp_path / "ramp16.png")
+    assert image.shape == (1, 16, 16) and image.min() < 16 and image.max() > 240 and monotone(image)
+    assert len(np.unique(image)) > 64  # clipped at 255, the ramp would give a few levels
+    np.testing.assert_array_equal(image, decode(manifest, tmp_path / "ramp.tif"))

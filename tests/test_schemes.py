@@ -103,7 +103,8 @@ def test_split_keeps_groups_together():
 
 
 def test_single_class_and_too_small_nodes():
-    with pytest.raises(NodeError, match="single class"):
+    # one image of class a: the message names b as the only testable class and a as the one-image class
+    with pytest.raises(NodeError, match=r"such classes: b \(10 images\); a has one image"):
         split_node("n", samples([1] * 10 + [0]), ["a", "b"], 0.2, 2, seed=0)
     with pytest.raises(NodeError, match="--folds"):
         split_node("n", samples([0, 0, 1, 1, 0, 1]), ["a", "b"], 0.2, 5, seed=0)

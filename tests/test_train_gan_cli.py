@@ -132,8 +132,8 @@ def test_corrupt_checkpoint_is_refused(cli, tmp_path, gan_exp):
     assert "generator checkpoint" in line and "corrupt" in line
     from fedcli.artifacts import save_tensors
 
-    save_tensors(checkpoint, {"weight": torch.zeros(3)})
-    assert "does not fit" in cli.user_error("train-gan", "--exp", exp, "--node", "node1", "--sample-only")
+    save_tensors(checkpoint, {"weight": torch.zeros(3)})  # refused by the sha256 config.json recorded
+    assert "was replaced" in cli.user_error("train-gan", "--exp", exp, "--node", "node1", "--sample-only")
 
 
 def test_resolution_that_is_not_a_power_of_two(cli, tmp_path, gan_exp):

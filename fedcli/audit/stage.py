@@ -19,8 +19,8 @@ import pandas as pd
 import torch
 
 from fedcli import console
-from fedcli.artifacts import check_output_free, load_tensors, provenance, sha256_file, staged_output, \
-    write_csv, write_json
+from fedcli.artifact_kinds import AUDITED, record_files
+from fedcli.artifacts import check_output_free, provenance, sha256_file, staged_output, write_csv, write_json
 from fedcli.audit import figures, scores
 from fedcli.audit.groups import matched_groups
 from fedcli.audit.progress import ProjectionProgress
@@ -28,11 +28,13 @@ from fedcli.audit.projection import ProjectionSettings, class_mean_w, project
 from fedcli.config import AuditConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
-from fedcli.devices import resolve_device
+from fedcli.devices import resolve_device, with_threads
 from fedcli.errors import UserError
 from fedcli.gan.networks import Architecture
 from fedcli.gan.perceptual import Perceptual
+from fedcli.gan.buffer import load_buffer_file
 from fedcli.gan.stage import load_generator, read_gan_config
+from fedcli.locking import locked
 from fedcli.layout import BUFFER, GENERATOR, GENERATOR_PHASE1, audit_dir, gan_dir
 from fedcli.rng import torch_stream
 
@@ -50,12 +52,22 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> dict:
     if saved["architecture"]["resolution"] != manifest["image_size"]:
         raise UserError(f"node {node}'s generator makes {saved['architecture']['resolution']} px images but the "
                         f"partition has {manifest['image_size']} px; re-run fedcli train-gan")
+    for file in GENERATORS.values():  # refused here, before any node's projections run
+        load_generator(folder, file, Architecture(**saved["architecture"]))
+    load_buffer_file(folder, node, manifest, saved.get("classes"))
     return saved
 
 
+@with_threads
 def run(cfg: AuditConfig) -> list[dict]:
     manifest = Manifest.load(cfg.exp)
     nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
+    with locked(cfg.exp, [audit_dir(cfg.exp, node) for node in nodes]):
+        return audit_nodes(cfg, manifest, nodes)
+
+
+def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[dict]:
+    """`run`, with the nodes' folders locked."""
     saved = {node: check_inputs(cfg, manifest, node) for node in nodes}
     for node in nodes:
         check_output_free(audit_dir(cfg.exp, node), cfg.overwrite)
@@ -109,8 +121,7 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, saved: dict, see
                   "l2": float(b), "ssim": float(c), "steps": cfg.steps}
                  for i, m, y, a, b, c in zip(ids, is_member, labels.tolist(), lp, l2, ss)]
     frame = pd.DataFrame(rows)
-    buffer = load_tensors(folder / BUFFER, f"buffer of node {node}")
-    buffer_images = to_float(buffer["images"]).to(device)
+    buffer_images = to_float(load_buffer_file(folder, node, manifest, saved.get("classes"))[0]).to(device)
     real_to_buffer, nearest_buffer = scores.nearest(perceptual, images, buffer_images)
     buffer_to_real, nearest_real = scores.nearest(perceptual, buffer_images, images)
     summary = summarize(frame, is_member, real_to_buffer.cpu().numpy(), buffer_to_real.cpu().numpy(),
@@ -126,9 +137,9 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, saved: dict, see
         figures.pairs(out / "pairs.png", images[:len(member_idx)], reconstructions, node)
         figures.nearest(out / "nearest.png", buffer_images, images, buffer_to_real.cpu(), nearest_real.cpu(), node)
         figures.roc(out / "roc.png", frame, node)
-        write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed, {
-            "manifest": manifest.content_hash, **{f"{name}": sha256_file(folder / file)
-                                                   for name, file in (*GENERATORS.items(), ("buffer", BUFFER))}}))
+        inputs = {"manifest": manifest.content_hash} | {name: sha256_file(folder / f) for name, f in AUDITED.items()}
+        write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed, inputs)
+                   | {"files": record_files(out)})
     return summary
 
 

@@ -8,7 +8,9 @@ Schema `fedcli.manifest/1`:
 
 The content hash covers everything that decides what pixels and labels a later stage sees
 (records with ids, labels, paths, file sizes and folds; node transforms; image size and
-channels), not where the data lies, so a moved data folder keeps its hash.
+channels), not where the data lies, so a moved data folder keeps its hash. A hash only shows the
+file is as some tool wrote it, so loading also checks what later stages rely on: node, site and
+class names (node names become folder names), labels that index the classes, folds in range.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from fedcli.artifacts import canonical_json, read_json, sha256_bytes
 from fedcli.errors import UserError
+from fedcli.names import check_name, check_names
 
 SCHEMA = "fedcli.manifest/1"
 UNHASHED = ("content_hash", "data_root", "statistics", "dropped")
@@ -31,6 +34,33 @@ def content_hash(data: dict[str, Any]) -> str:
 
 def manifest_path(exp: Path) -> Path:
     return Path(exp) / "partition" / "manifest.json"
+
+
+def check_content(data: dict[str, Any], path: Path) -> None:
+    """Names, labels and folds as partition writes them; anything else is one UserError naming it."""
+    nodes, names = data["nodes"], data["label_names"]
+    if not isinstance(nodes, list) or not nodes or not all(isinstance(n, dict) for n in nodes) \
+            or not isinstance(names, list):
+        raise UserError(f"{path} has no list of nodes and class names; re-run fedcli partition")
+    check_names("node", [n.get("name") for n in nodes], str(path))
+    for node in nodes:
+        check_name("site", node.get("site"), str(path))
+    check_names("class", names, str(path))
+    folds = data.get("folds")
+    for node in nodes:
+        for split in ("train", "test"):
+            records = node.get(split)
+            if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+                raise UserError(f"{path}: node {node['name']} has no list of {split} records; re-run fedcli partition")
+            for record in records:
+                label = record.get("label")
+                if type(label) is not int or not 0 <= label < len(names):
+                    raise UserError(f"{path}: node {node['name']}'s {split} record {record.get('id')!r} has label "
+                                    f"{label!r}, not a class index 0..{len(names) - 1}; re-run fedcli partition")
+                fold = record.get("fold")
+                if split == "train" and type(folds) is int and (type(fold) is not int or not 0 <= fold < folds):
+                    raise UserError(f"{path}: node {node['name']}'s train record {record.get('id')!r} has fold "
+                                    f"{fold!r}, not one of 0..{folds - 1}; re-run fedcli partition")
 
 
 class Manifest:
@@ -51,6 +81,7 @@ class Manifest:
             raise UserError(f"{path} is not a {SCHEMA} manifest; re-run fedcli partition")
         if content_hash(data) != data["content_hash"]:
             raise UserError(f"{path} was modified after it was written (content hash mismatch); re-run fedcli partition")
+        check_content(data, path)
         return cls(data, path)
 
     def __getitem__(self, key: str) -> Any:

@@ -15,12 +15,13 @@ from typing import Any
 from fedcli.artifacts import read_json
 from fedcli.data.manifest import Manifest, content_hash, manifest_path
 from fedcli.errors import UserError
+from fedcli.layout import inside
 
 NODE_SCHEMA = "fedcli.node-manifest/1"
 
 
 def nodes_dir(exp: Path) -> Path:
-    return Path(exp) / "partition" / "nodes"
+    return inside(exp, "partition", "nodes")
 
 
 def node_view(data: dict[str, Any], node: str) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def load_node_manifest(exp: Path, node: str | None, rank: int) -> NodeManifest:
         else:
             raise UserError(f"{folder} holds {len(files)} node manifests and there is no full manifest to assign "
                             "nodes by rank; pass --node-name")
-    path = folder / f"{node}.json"
+    path = inside(folder, f"{node}.json")
     if path.is_file():
         data = read_json(path, f"node manifest of {node}")
         if data.get("schema") != NODE_SCHEMA or data.get("node") != node or content_hash(data) != data.get(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.config import PartitionConfig, to_json
@@ -13,7 +14,11 @@ from fedcli.data.records import Sample, SourceData
 from fedcli.data.sources import read_source
 from fedcli.data.splits import NodeError, split_node
 from fedcli.data.summary import skew_statistics, summary_frame, write_summary_png
+from fedcli.devices import with_threads
 from fedcli.errors import UserError
+from fedcli.layout import inside, partition_dir
+from fedcli.locking import locked
+from fedcli.names import check_names
 
 DEFAULT_NODES = 3
 DIRICHLET_DRAWS = 100  # fresh draws tried before a too-skewed setting is reported
@@ -66,6 +71,7 @@ def node_entry(cfg: PartitionConfig, scheme: str, index: int, name: str, members
 def make_manifest(cfg: PartitionConfig) -> tuple[Manifest, PartitionConfig]:
     """The manifest, and the config with every automatic choice (scheme, nodes, channels) resolved."""
     source = read_source(cfg)
+    check_source_names(source, cfg)
     samples = restrict_to_site(source, cfg.site)
     scheme = cfg.scheme or source.default_scheme
     n_nodes = None if scheme == "source" else cfg.nodes or DEFAULT_NODES
@@ -73,6 +79,7 @@ def make_manifest(cfg: PartitionConfig) -> tuple[Manifest, PartitionConfig]:
     if n_nodes is not None and n_nodes > len(samples):
         raise UserError(f"--nodes {n_nodes} is more than the {len(samples)} samples; lower --nodes")
     nodes = build_nodes(cfg, source, scheme, samples)
+    check_names("node", [node["name"] for node in nodes], f"--source {cfg.source}")
     data = {
         "schema": SCHEMA,
         "source": source.name,
@@ -98,16 +105,31 @@ def make_manifest(cfg: PartitionConfig) -> tuple[Manifest, PartitionConfig]:
     return manifest, cfg
 
 
+def check_source_names(source: SourceData, cfg: PartitionConfig) -> None:
+    """Site and class names come from the user's data (folder names, CSV columns); sites become node
+    names and so folder names: both are checked before anything is written."""
+    origin = f"--source {cfg.source}" + (f" --data-dir {cfg.data_dir}" if cfg.data_dir is not None else "")
+    check_names("site", source.sites, origin)
+    check_names("class", source.label_names, origin)
+
+
+@with_threads
 def run(cfg: PartitionConfig) -> Manifest:
     """Write `<exp>/partition/`: manifest.json, nodes/<node>.json (what each node may hold),
     summary.csv, summary.png, config.json."""
-    out = cfg.exp / "partition"
+    out = partition_dir(cfg.exp)
+    with locked(cfg.exp, [out]):
+        return write_partition(cfg, out)
+
+
+def write_partition(cfg: PartitionConfig, out: Path) -> Manifest:
+    """`run`, with the partition folder locked."""
     check_output_free(out, cfg.overwrite)
     manifest, cfg = make_manifest(cfg)
     with staged_output(out, cfg.overwrite) as stage:
         write_json(stage / "manifest.json", manifest.data)
         for node in manifest.node_names:
-            write_json(stage / "nodes" / f"{node}.json", node_view(manifest.data, node))
+            write_json(inside(stage, "nodes", f"{node}.json"), node_view(manifest.data, node))
         write_csv(stage / "summary.csv", summary_frame(manifest))
         write_summary_png(manifest, stage / "summary.png")
         write_json(stage / "config.json", provenance("partition", to_json(cfg), cfg.seed,

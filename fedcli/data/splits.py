@@ -39,11 +39,14 @@ def check_node(name: str, samples: list[Sample], label_names: list[str]) -> dict
         raise NodeError(f"node {name} has no samples; use fewer --nodes or a larger --alpha")
     present = test_classes(samples)
     if len(present) < 2:
-        only = sorted({s.label for s in samples})
-        desc = ", ".join(label_names[c] for c in only)
+        counts = Counter(s.label for s in samples)
+        testable = ", ".join(f"{label_names[c]} ({n} images)" for c, n in present.items()) or "none"
+        singles = [label_names[c] for c, n in sorted(counts.items()) if n < 2]
+        single = (f"; {', '.join(singles)} {'has' if len(singles) == 1 else 'have'} one image, which cannot be on "
+                  "both sides of the split") if singles else ""
         raise NodeError(
-            f"node {name} has a single class ({desc}; {len(samples)} images), so it cannot be tested; "
-            "use fewer --nodes, a larger --alpha, or data with both classes at every site"
+            f"node {name} has fewer than two classes with two or more images (such classes: {testable}{single}), "
+            "so it cannot be tested; use fewer --nodes, a larger --alpha, or data with two classes at every site"
         )
     return present
 

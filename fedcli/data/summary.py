@@ -81,6 +81,16 @@ def short_test_notes(manifest: Manifest) -> list[str]:
             for r in node_rows(manifest) if r["test_fraction"] < 0.9 * wanted]
 
 
+def untested_class_notes(manifest: Manifest) -> list[str]:
+    """Classes with no test image on any node (e.g. a stray label in a CSV): their accuracy is never measured."""
+    names = manifest["label_names"]
+    total = class_counts([r for node in manifest["nodes"] for r in node["train"] + node["test"]], len(names))
+    tested = class_counts([r for node in manifest["nodes"] for r in node["test"]], len(names))
+    return [f"class {names[c]!r} has {int(total[c])} image(s) and no test image on any node (a class needs two images "
+            "in one node to be tested); check the labels if it is a typo"
+            for c in range(len(names)) if tested[c] == 0]
+
+
 def write_summary_png(manifest: Manifest, path: Path, per_node: int = 8) -> None:
     """Class-distribution bars per node, and a row of example training images per node."""
     import matplotlib

@@ -5,7 +5,8 @@ model, its BatchNorm state) and `round-<r>.json` the metrics rows of its test se
 it sent, up to round r. A distributed rank writes only its node's part; the in-process engine writes
 every part, so a run started by one engine can be resumed by the other. The two latest rounds are
 kept, because nodes on separate machines may stop one round apart; a resume starts from the latest
-round that every node still has.
+round that every node still has readable, so a newest round damaged on disk (truncated, not valid
+JSON) falls back to the one before, with a note.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from pathlib import Path
 
 import torch
 
+from safetensors import SafetensorError, safe_open
+
+from fedcli import console
 from fedcli.artifacts import load_tensors, save_tensors, write_json
 from fedcli.errors import UserError
 from fedcli.fl.transport import Transfer
@@ -26,7 +30,7 @@ KEEP = 2
 
 
 class CheckpointMismatch(UserError):
-    """A checkpoint left by a run with other options: it cannot be resumed."""
+    """A checkpoint that cannot be resumed: left by a run with other options, or unreadable."""
 
 
 class Checkpoint:
@@ -75,19 +79,46 @@ class Checkpoint:
                 if round_of(old) <= round_ - KEEP:
                     old.unlink()
 
+    def written(self) -> dict[str, set[int]]:
+        """Part -> the rounds whose JSON (the file that completes a round) is on disk, readable or not."""
+        return {part.name: {round_of(p) for p in part.glob("round-*.json")} for part in self._parts() if part.is_dir()}
+
     def rounds(self) -> set[int]:
-        """The completed rounds that every part of this process still holds."""
+        """The completed rounds that every part of this process still holds readable."""
         parts = self._parts()
-        found = [{round_of(p) for p in part.glob("round-*.json")} for part in parts if part.is_dir()]
+        found = [{r for r in rounds if readable(self.folder / name, r)} for name, rounds in self.written().items()]
         if not found or len(found) < len(parts):
             return set()
         return set.intersection(*found)
+
+    def resume_point(self) -> int | None:
+        """The round a resume continues from, None when nothing was checkpointed. A newer round that some
+        part holds unreadable is noted; written rounds none of which is readable are an error."""
+        written = self.written()
+        held = self.rounds()
+        if not held:
+            if any(written.values()):
+                raise CheckpointMismatch(f"the checkpoint in {self.folder} has no readable round (truncated or not "
+                                         "valid JSON); rerun without --resume, with --overwrite, to start over")
+            return None
+        start = max(held)
+        damaged = sorted((r, name) for name, rounds in written.items() for r in rounds
+                         if r > start and not readable(self.folder / name, r))
+        if damaged:
+            round_, name = damaged[-1]
+            console.out.print(f"note: round {round_} of the checkpoint in {self.folder} is unreadable (part {name}: "
+                              f"truncated or not valid JSON); resuming from round {start}", markup=False,
+                              soft_wrap=True)
+        return start
 
     def load(self, round_: int, config: dict) -> tuple[dict[str, dict[str, torch.Tensor]], list[dict], list[Transfer]]:
         states: dict[str, dict[str, torch.Tensor]] = {}
         rows, transfers = [], []
         for part in self._parts():
-            progress = json.loads((part / f"round-{round_}.json").read_text())
+            progress = progress_of(part, round_)
+            if progress is None:
+                raise CheckpointMismatch(f"round {round_} of the checkpoint in {self.folder} is unreadable (part "
+                                         f"{part.name}); rerun without --resume, with --overwrite, to start over")
             if progress["config"] != config:
                 raise CheckpointMismatch(f"the checkpoint in {self.folder} was made with other options; rerun "
                                          "without --resume (with --overwrite) or with the same options")
@@ -114,3 +145,28 @@ class Checkpoint:
 
 def round_of(path: Path) -> int:
     return int(path.name.split(".")[0].removeprefix("round-"))
+
+
+PROGRESS_KEYS = {"round", "config", "rows", "transfers"}
+
+
+def progress_of(part: Path, round_: int) -> dict | None:
+    """A part's `round-<r>.json`; None when it is missing or damaged."""
+    try:
+        progress = json.loads((part / f"round-{round_}.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(progress, dict) and PROGRESS_KEYS <= set(progress) and progress["round"] == round_
+    return progress if ok else None
+
+
+def readable(part: Path, round_: int) -> bool:
+    """Whether a part's round is whole: its JSON parses and its safetensors file is complete (the header
+    is checked against the file size; the tensors are read on load)."""
+    if progress_of(part, round_) is None:
+        return False
+    try:
+        with safe_open(part / f"round-{round_}.safetensors", "pt"):
+            return True
+    except (SafetensorError, OSError):
+        return False

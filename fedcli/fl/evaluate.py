@@ -46,8 +46,8 @@ def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> dict
                       np.nan)
     out = {
         "accuracy": hits.sum(axis=1) / weights.sum(axis=1),
-        "balanced_accuracy": np.nanmean(recall, axis=1),
-        "f1_macro": np.nanmean(f1, axis=1),
+        "balanced_accuracy": mean_of_defined(recall, axis=1),
+        "f1_macro": mean_of_defined(f1, axis=1),
         "auroc": auroc(y, probs, weights),
     }
     if n_classes == 2:
@@ -70,7 +70,16 @@ def auroc(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
             per_class.append(((w_pos @ wins) * w_neg).sum(axis=1) / (w_pos.sum(1) * w_neg.sum(1)))
     if not per_class:
         return np.full(weights.shape[0], np.nan)
-    return np.nanmean(np.stack(per_class), axis=0)
+    return mean_of_defined(np.stack(per_class), axis=0)
+
+
+def mean_of_defined(values: np.ndarray, axis: int) -> np.ndarray:
+    """The mean over the non-NaN entries along `axis`; NaN where there are none. np.nanmean gives the same
+    numbers but warns on stderr for every resample that lacks a class, which small test sets often do."""
+    defined = ~np.isnan(values)
+    count = defined.sum(axis=axis)
+    total = np.where(defined, values, 0.0).sum(axis=axis)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
 def evaluate(y: np.ndarray, probs: np.ndarray, rng: np.random.Generator, boots: int = 1000) -> dict[str, float]:

@@ -12,6 +12,7 @@ import io
 import numpy as np
 import torch
 
+from fedcli.artifact_kinds import buffer_problem
 from fedcli.artifacts import parse_tensors, tensor_bytes
 from fedcli.errors import UserError
 
@@ -77,12 +78,9 @@ def decode_buffer(data: bytes, shape: tuple[int, int, int], num_classes: int) ->
         images = decode_png(tensors, len(labels), shape)
     else:
         images = tensors.get("images")
-    if images is None or images.dtype != torch.uint8 or tuple(images.shape[1:]) != tuple(shape) \
-            or len(images) != len(labels):
-        got = None if images is None else (tuple(images.shape), images.dtype)
-        raise PayloadError(f"received buffer images are {got}, expected uint8 (N, {', '.join(map(str, shape))})")
-    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise PayloadError(f"received buffer has labels outside 0..{num_classes - 1}")
+    problem = buffer_problem(images, labels, shape, num_classes)
+    if problem:
+        raise PayloadError(f"received buffer {problem}")
     return images, labels
 
 

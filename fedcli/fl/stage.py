@@ -17,7 +17,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fedcli.artifacts import check_output_free, load_tensors, provenance, save_tensors, sha256_file, \
+from fedcli import console
+from fedcli.artifact_kinds import record_files
+from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, sha256_file, \
     staged_output, write_csv, write_json
 from fedcli.config import ENGINE_OPTIONS, FederateConfig, to_json
 from fedcli.data.manifest import Manifest
@@ -29,8 +31,10 @@ from fedcli.fl.local import TensorSource
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.strategies import NEEDS_BUFFERS, make_strategy
 from fedcli.fl.transport import Transfer
+from fedcli.gan.buffer import load_buffer_file
 from fedcli.gan.stage import read_gan_config
 from fedcli.layout import BUFFER, federate_dir, gan_dir
+from fedcli.locking import locked
 
 
 @dataclasses.dataclass
@@ -43,17 +47,14 @@ class StrategyRun:
 
 
 def load_buffer(exp: Path, manifest: Manifest, node: str, size: int | None, strategy: str) -> TensorSource:
-    """The first `size` images of a node's buffer, after checking it belongs to this partition."""
+    """The first `size` images of a node's buffer, after the checks of its artifact kind (its recorded
+    hash, node and partition; image shape; one label per image, each a class of the node)."""
     folder = gan_dir(exp, node)
     if not (folder / BUFFER).is_file():
         raise UserError(f"strategy {strategy} needs node {node}'s synthetic buffer ({folder / BUFFER} is missing); "
                         f"run fedcli train-gan --exp {exp} first")
-    read_gan_config(exp, manifest, node)
-    tensors = load_tensors(folder / BUFFER, f"buffer of node {node}")
-    images, labels = tensors.get("images"), tensors.get("labels")
-    shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])
-    if images is None or labels is None or images.dtype != torch.uint8 or tuple(images.shape[1:]) != shape:
-        raise UserError(f"buffer of node {node} is not uint8 images of shape {shape}; re-run fedcli train-gan")
+    saved = read_gan_config(exp, manifest, node)
+    images, labels = load_buffer_file(folder, node, manifest, saved.get("classes"))
     size = len(labels) if size is None else size
     if size > len(labels):
         raise UserError(f"--buffer-size {size} exceeds node {node}'s buffer of {len(labels)} images; run "
@@ -69,15 +70,17 @@ def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
         return launch.run(cfg) if cfg.launch == "local" else worker.run(cfg)
     manifest = Manifest.load(cfg.exp)
     runs = planned_runs(cfg, manifest)
-    buffers = {node: load_buffer(cfg.exp, manifest, node, cfg.buffer_size, buffer_user(cfg))
-               for node in manifest.node_names} if buffer_user(cfg) else {}
-    buffer_info = {node: {"sha256": sha256_file(gan_dir(cfg.exp, node) / BUFFER), "size": len(buffers[node])}
-                   for node in buffers}
-    images = NodeImages(manifest)
-    device = resolve_device(cfg.device)
-    with torch_threads(cfg.threads):
-        return [run_one(cfg, manifest, device, name, fold, buffers, buffer_info, images, after_round)
-                for name, fold in runs]
+    with locked(cfg.exp, run_outputs(cfg, runs), parts=manifest.node_names):
+        check_outputs(cfg, runs, manifest.node_names)
+        buffers = {node: load_buffer(cfg.exp, manifest, node, cfg.buffer_size, buffer_user(cfg))
+                   for node in manifest.node_names} if buffer_user(cfg) else {}
+        buffer_info = {node: {"sha256": sha256_file(gan_dir(cfg.exp, node) / BUFFER), "size": len(buffers[node])}
+                       for node in buffers}
+        images = NodeImages(manifest)
+        device = resolve_device(cfg.device)
+        with torch_threads(cfg.threads):
+            return [run_one(cfg, manifest, device, name, fold, buffers, buffer_info, images, after_round)
+                    for name, fold in runs]
 
 
 def buffer_user(cfg: FederateConfig) -> str | None:
@@ -86,19 +89,40 @@ def buffer_user(cfg: FederateConfig) -> str | None:
 
 
 def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int | None]]:
-    """(strategy, fold) pairs, after the checks every engine makes before training anything."""
+    """(strategy, fold) pairs, after the option checks every engine makes before training anything."""
     if cfg.fold is not None and not 0 <= cfg.fold < manifest["folds"]:
         raise UserError(f"--fold {cfg.fold} is not a fold of this partition (0..{manifest['folds'] - 1})")
     for name in ("feder-b", "central-synthetic", "central-mixed"):
         if name in cfg.strategy and cfg.buffer_size == 0:
             raise UserError(f"{name} trains on synthetic data, so it needs --buffer-size > 0")
     folds = list(range(manifest["folds"])) if cfg.cv else [cfg.fold]
-    runs = [(name, fold) for name in cfg.strategy for fold in folds]
-    for name, fold in runs:
-        out = federate_dir(cfg.exp, name, fold)
-        if not (cfg.resume and checkpoint_dir(out).is_dir()):
-            check_output_free(out, cfg.overwrite)
-    return runs
+    return [(name, fold) for name in cfg.strategy for fold in folds]
+
+
+def run_outputs(cfg: FederateConfig, runs: list[tuple[str, int | None]]) -> list[Path]:
+    return [federate_dir(cfg.exp, name, fold) for name, fold in runs]
+
+
+def check_outputs(cfg: FederateConfig, runs: list[tuple[str, int | None]], nodes: list[str],
+                  local: list[str] | None = None) -> None:
+    """Before training, with the outputs locked: each can be written, and neither a finished output nor
+    the checkpoint of an interrupted run is replaced unless asked (`local`: the nodes whose checkpoint
+    parts this process holds; None: every node)."""
+    for out in run_outputs(cfg, runs):
+        check_writable(out.parent)
+        checkpoint = Checkpoint(checkpoint_dir(out), nodes, local)
+        if cfg.resume:
+            if checkpoint.resume_point() is None:
+                check_output_free(out, cfg.overwrite)
+            continue
+        held = checkpoint.rounds()
+        if held and not cfg.overwrite:
+            raise UserError(f"{out} was interrupted after round {max(held)} (checkpoint in {checkpoint.folder}); "
+                            f"pass --resume to continue from round {max(held)}, or --overwrite to start over")
+        if held:
+            console.out.print(f"note: --overwrite: discarding the checkpoint of round {max(held)} in "
+                              f"{checkpoint.folder}", markup=False, soft_wrap=True)
+        check_output_free(out, cfg.overwrite)
 
 
 def run_seed(cfg: FederateConfig, manifest: Manifest) -> int:
@@ -173,7 +197,7 @@ def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states:
                                                    columns=["round", "sender", "receiver", "kind", "bytes"]))
         for key, state in states.items():
             save_tensors(stage / "models" / f"{key}.safetensors", {k: v.detach().cpu() for k, v in state.items()})
-        meta = provenance("federate", resolved, resolved["seed"], resolved["inputs"])
+        meta = provenance("federate", resolved, resolved["seed"], resolved["inputs"]) | {"files": record_files(stage)}
         if resolved["fold"] is not None:
             meta["note"] = cv_note(resolved["fold"])
         write_json(stage / "config.json", meta)

@@ -2,16 +2,21 @@
 
 Images are generated in fixed chunks, each from a stream keyed by (seed, node, "buffer", chunk),
 so any prefix of a larger buffer equals the smaller buffer byte for byte, and a node sampled
-alone equals the same node sampled with the others.
+alone equals the same node sampled with the others. A buffer is read back only through
+`load_buffer_file`, which applies the checks its artifact kind names (fedcli/artifact_kinds.py).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
+from fedcli.artifact_kinds import buffer_problem, load_state
+from fedcli.errors import UserError
 from fedcli.gan.networks import Generator
+from fedcli.layout import BUFFER
 from fedcli.rng import torch_stream
 
 CHUNK = 64
@@ -36,5 +41,23 @@ def sample_buffer(generator: Generator, classes: list[int], size: int, seed: int
         stream = torch_stream(seed, node, "buffer", k)
         z = torch.randn(CHUNK, generator.arch.z_dim, generator=stream)
         y = labels[k * CHUNK:(k + 1) * CHUNK]
-        images.append(to_uint8(generator(z.to(device), y.to(device), generator=stream)).cpu())
+        made = generator(z.to(device), y.to(device), generator=stream)
+        if not made.isfinite().all():  # uint8 would turn NaN into black images that federate trains on
+            raise UserError(f"node {node}'s generator makes non-finite images (its training diverged); re-run "
+                            "fedcli train-gan --overwrite with a lower --lr")
+        images.append(to_uint8(made).cpu())
     return torch.cat(images)[:size], labels[:size]
+
+
+def load_buffer_file(folder: Path, node: str, manifest, classes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Node `node`'s buffer from its GAN folder: as its config.json recorded, made for this node and this
+    partition (`manifest`), uint8 images of the partition's shape, one label per image from `classes`."""
+    what, fix = f"buffer of node {node}", f"re-run fedcli train-gan --node {node} --overwrite"
+    tensors, _ = load_state(Path(folder) / BUFFER, what, fix,
+                            expect={"node": node, "manifest": manifest.content_hash})
+    images, labels = tensors.get("images"), tensors.get("labels")
+    shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])
+    problem = buffer_problem(images, labels, shape, manifest.num_classes, classes)
+    if problem:
+        raise UserError(f"{what} at {Path(folder) / BUFFER} {problem}; {fix}")
+    return images, labels

@@ -15,13 +15,15 @@ import pandas as pd
 import torch
 
 from fedcli import console
-from fedcli.artifacts import (check_output_free, load_module, provenance, read_json, save_tensors, sha256_file,
-                              staged_output, write_csv, write_json)
+from fedcli.artifact_kinds import file_record, load_module, record_files
+from fedcli.artifacts import (check_output_free, provenance, read_json, save_tensors, sha256_file, staged_output,
+                              write_csv, write_json)
 from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
-from fedcli.devices import resolve_device
+from fedcli.devices import resolve_device, with_threads
 from fedcli.layout import BUFFER, GENERATOR, GENERATOR_PHASE1, gan_dir
+from fedcli.locking import locked
 from fedcli.errors import UserError
 from fedcli.gan.buffer import sample_buffer
 from fedcli.gan.fid import FeatureSpace
@@ -47,10 +49,17 @@ def settings(cfg: GanConfig) -> TrainSettings:
     return TrainSettings(**{k: v for k, v in dataclasses.asdict(cfg).items() if k in names})
 
 
+@with_threads
 def run(cfg: GanConfig) -> list[dict]:
     """Train (or, with sample_only, re-sample) the chosen nodes; return one summary per node."""
     manifest = Manifest.load(cfg.exp)
     nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
+    with locked(cfg.exp, [gan_dir(cfg.exp, node) for node in nodes]):
+        return run_nodes(cfg, manifest, nodes)
+
+
+def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> list[dict]:
+    """`run`, with the nodes' folders locked."""
     seed = manifest["seed"] if cfg.seed is None else cfg.seed
     device = resolve_device(cfg.device)
     if cfg.sample_only:
@@ -114,7 +123,8 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
             "buffer": {"size": cfg.buffer_size, "sha256": sha256_file(out / BUFFER)},
         }
         write_json(out / "config.json", provenance("train-gan", to_json(cfg), seed,
-                                                   {"manifest": manifest.content_hash}) | summary)
+                                                   {"manifest": manifest.content_hash}) | summary
+                   | {"files": record_files(out)})
     return summary
 
 
@@ -135,9 +145,10 @@ def buffer_metadata(node: str, manifest: Manifest) -> dict[str, str]:
 
 
 def load_generator(folder: Path, filename: str, arch: Architecture, device: str = "cpu") -> Generator:
-    """Rebuild a saved generator from its config and safetensors file; refuse a corrupt checkpoint."""
+    """Rebuild a saved generator from its config and safetensors file; refuse one that is not what
+    train-gan wrote for this node (see artifact_kinds)."""
     generator = load_module(Generator(arch), folder / filename, "generator checkpoint",
-                            "re-run fedcli train-gan --overwrite")
+                            f"re-run fedcli train-gan --node {folder.name} --overwrite", expect={"node": folder.name})
     return generator.to(device).eval()
 
 
@@ -159,7 +170,9 @@ def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: s
     generator = load_generator(folder, GENERATOR, Architecture(**saved["architecture"]), device)
     images, labels = sample_buffer(generator, classes, cfg.buffer_size, saved["seed"], node, device)
     save_tensors(folder / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
-    saved["buffer"] = {"size": cfg.buffer_size, "sha256": sha256_file(folder / BUFFER)}
+    record = file_record(folder / BUFFER)
+    saved["buffer"] = {"size": cfg.buffer_size, "sha256": record["sha256"]}
+    saved["files"] = {**saved.get("files", {}), BUFFER: record}
     write_json(folder / "config.json", saved)
     console.out.print(f"node {node}: wrote a buffer of {cfg.buffer_size} images")
     return saved

@@ -2,9 +2,11 @@
 
 A unit of work (a stage, or one strategy of federate) has a fingerprint: the hash of its
 resolved config, the fedcli version and its upstream units' fingerprints. It is up to date when
-the ledger holds the same fingerprint and its output files still hash to what the run wrote
-(a stage re-run by hand since then, or a deleted folder, makes it stale). A change upstream
-changes every fingerprint downstream of it, nothing upstream.
+the ledger holds the same fingerprint, every file it wrote still hashes to what the run recorded
+(a stage re-run by hand, a deleted folder, a truncated buffer or model makes it stale), and the
+inputs its config.json files name still hash to what they recorded (a GAN retrained since, whose
+buffer differs, makes what read the old buffer stale). A change upstream changes every fingerprint downstream of
+it, nothing upstream.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from fedcli import __version__
-from fedcli.artifacts import canonical_json, read_json, sha256_file, write_json
+from fedcli.artifact_kinds import CONFIG, file_sha256, output_files, stale_inputs
+from fedcli.artifacts import canonical_json, read_json, write_json
 from fedcli.errors import UserError
 
 LEDGER = ".fedcli-run.json"
-OUTPUT_FILES = ("config.json", "manifest.json", "report.md")  # small files that change whenever a stage reruns
 
 
 def fingerprint(unit: str, config: dict[str, Any], upstream: list[str]) -> str:
@@ -28,12 +30,8 @@ def fingerprint(unit: str, config: dict[str, Any], upstream: list[str]) -> str:
 
 
 def output_hashes(folder: Path) -> dict[str, str]:
-    """Hashes of a unit's provenance files (every config.json below it, the manifest, the report)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return {}
-    files = sorted(p for name in OUTPUT_FILES for p in folder.rglob(name) if "/." not in f"/{p.relative_to(folder)}")
-    return {str(p.relative_to(folder)): sha256_file(p) for p in files}
+    """sha256 of every file a unit wrote (artifacts and configs; hidden work files aside)."""
+    return {rel: file_sha256(path) for rel, path in output_files(folder)} if Path(folder).is_dir() else {}
 
 
 class Ledger:
@@ -50,7 +48,8 @@ class Ledger:
         if entry is None or entry["fingerprint"] != fp or Path(folder).is_symlink():
             return False
         outputs = output_hashes(folder)
-        return bool(outputs) and outputs == entry["outputs"]
+        return bool(outputs) and outputs == entry["outputs"] and not any(
+            stale_inputs(Path(folder) / rel) for rel in outputs if Path(rel).name == CONFIG)
 
     def record(self, unit: str, fp: str, folder: Path) -> None:
         self.data["units"][unit] = {"fingerprint": fp, "outputs": output_hashes(folder)}

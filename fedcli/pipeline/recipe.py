@@ -5,6 +5,8 @@
 nested form `federate.buffer-size = [...]`) and `seeds`, which sets every stage's seed through
 the partition's; the product of the lists is the set of sub-experiments. `[select]` holds a grid
 of federate options (rounds, epochs, lr, mu) and `folds` K for per-strategy model selection.
+`fedcli run --threads N` sets every stage's `threads`, which, like the options `fedcli run` sets
+itself, is no part of a unit's fingerprint: it changes how fast a unit runs, not what it makes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from fedcli.errors import UserError
 STAGE_CLASSES = {"partition": PartitionConfig, "train_gan": GanConfig, "federate": FederateConfig,
                  "audit": AuditConfig, "report": ReportConfig}
 RUN_OWNED = {"exp", "overwrite", "resume"}  # set by `fedcli run` itself, never by a recipe
+NOT_FINGERPRINTED = RUN_OWNED | {"threads"}
 NOT_IN_RUN = {"node": "fedcli run trains and audits every node", "sample_only": "use fedcli train-gan --sample-only",
               "strict": "use fedcli audit-privacy --strict", "fold": "use a [select] table for cross-validation",
               "cv": "use a [select] table for cross-validation"}
@@ -53,10 +56,13 @@ class Recipe:
     select: dict[str, Any]  # grid lists by field name, plus folds and metric
 
     @classmethod
-    def load(cls, path: Path, sets: list[str] = ()) -> Recipe:
+    def load(cls, path: Path, sets: list[str] = (), threads: int | None = None) -> Recipe:
         raw = read_recipe(path)
         for item in sets:
             apply_set(raw, item)
+        if threads is not None:
+            for table in STAGE_CLASSES:
+                raw.setdefault(table, {})["threads"] = threads
         origin = f"recipe {path}"
         stages = {}
         for table, config in STAGE_CLASSES.items():
@@ -74,7 +80,10 @@ class Recipe:
         if both:
             raise UserError(f"{origin}: federate.{both[0]} is both swept and selected; keep it in one of the two")
         for point in self.points():
-            configs = self.configs(point, Path("."))
+            try:
+                configs = self.configs(point, Path("."))
+            except UserError as exc:
+                raise UserError(f"{origin}: {exc}") from exc
             gan, fed, part = configs["train_gan"], configs["federate"], configs["partition"]
             if fed.buffer_size is not None and fed.buffer_size > gan.buffer_size:
                 raise UserError(f"{origin}: federate.buffer-size {fed.buffer_size} exceeds train_gan.buffer-size "
@@ -86,7 +95,10 @@ class Recipe:
                                     "lower select.folds or raise partition.folds")
                 for strategy in fed.strategy:
                     for values in self.grid(strategy):
-                        dataclasses.replace(fed, strategy=(strategy,), **values)
+                        try:
+                            dataclasses.replace(fed, strategy=(strategy,), **values)
+                        except UserError as exc:
+                            raise UserError(f"{origin}: [select] {exc}") from exc
 
     def points(self) -> list[Point]:
         """The sweep's sub-experiments in a fixed order; one unnamed point without a sweep."""
@@ -101,9 +113,16 @@ class Recipe:
         return points
 
     def configs(self, point: Point, exp: Path) -> dict[str, Any]:
-        """Each stage's config for one sub-experiment folder."""
+        """Each stage's config for one sub-experiment folder; an error names the table (and sub-experiment)."""
         tables = point.tables(self.stages)
-        return {table: STAGE_CLASSES[table](exp=exp, **tables[table]) for table in STAGE_CLASSES}
+        configs = {}
+        for table, config in STAGE_CLASSES.items():
+            try:
+                configs[table] = config(exp=exp, **tables[table])
+            except UserError as exc:
+                where = f" (sub-experiment {point.name})" if point.name else ""
+                raise UserError(f"[{table}]{where} {exc}") from exc
+        return configs
 
     def grid(self, strategy: str) -> list[dict[str, Any]]:
         """The [select] grid points that make a difference to `strategy`."""

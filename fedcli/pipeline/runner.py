@@ -26,8 +26,9 @@ from fedcli import console
 from fedcli.config import METRIC_COLUMNS, FederateConfig, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.fl.strategies import NEEDS_BUFFERS
+from fedcli.locking import locked
 from fedcli.pipeline.ledger import Ledger, fingerprint
-from fedcli.pipeline.recipe import RUN_OWNED, Point, Recipe, key_values
+from fedcli.pipeline.recipe import NOT_FINGERPRINTED, Point, Recipe, key_values
 
 BUFFER_KEYS = ("buffer_size", "lam", "buffer_codec")
 
@@ -44,15 +45,17 @@ class Runner:
         return self.recipe.configs(self.recipe.points()[0], self.exp)["report"]
 
     def run(self) -> Counter[str]:
-        points = self.recipe.points()
-        for point in points:
-            self.run_point(point)
-        self.prune_points([p.name for p in points])
-        report = self.report_config
-        fp = fingerprint("report", plain(report), self.fingerprints)
-        if self.statuses["ran"]:
-            Ledger(self.exp).forget("report")  # an input was remade: the report is redrawn
-        self.unit(self.exp, "", "report", fp, "report", lambda: report_run(report))
+        """Every unit, with the whole experiment locked (a second `fedcli run` on it is refused at once)."""
+        with locked(self.exp, [self.exp]):
+            points = self.recipe.points()
+            for point in points:
+                self.run_point(point)
+            self.prune_points([p.name for p in points])
+            report = self.report_config
+            fp = fingerprint("report", plain(report), self.fingerprints)
+            if self.statuses["ran"]:
+                Ledger(self.exp).forget("report")  # an input was remade: the report is redrawn
+            self.unit(self.exp, "", "report", fp, "report", lambda: report_run(report))
         return self.statuses
 
     def run_point(self, point: Point) -> None:
@@ -173,7 +176,8 @@ def adopt(target: Path, rel: str, unit: str, fp: str) -> bool:
 
 
 def plain(cfg) -> dict[str, Any]:
-    return {k: v for k, v in to_json(cfg).items() if k not in RUN_OWNED}
+    """What a unit's fingerprint holds of its config: all but where it runs and how fast (threads)."""
+    return {k: v for k, v in to_json(cfg).items() if k not in NOT_FINGERPRINTED}
 
 
 def federate_key(cfg: FederateConfig) -> dict[str, Any]:

@@ -10,8 +10,12 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+from fedcli import console
 from fedcli.artifacts import atomic_write_bytes, staged_output, write_csv
 from fedcli.config import METRIC_COLUMNS, ReportConfig
+from fedcli.devices import with_threads
+from fedcli.layout import report_dir
+from fedcli.locking import locked
 from fedcli.report import figures, study
 from fedcli.report.collect import SubExperiment, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
@@ -62,12 +66,14 @@ class Writer:
             self.figure(name, caption)
 
 
+@with_threads
 def run(cfg: ReportConfig) -> Report:
     subs = load_experiment(cfg.exp)
+    stale = stale_notes(subs, Path(cfg.exp))
     metric = METRIC_COLUMNS[cfg.metric]
     groups = replicate_groups(subs)
     first = next(iter(groups.values()))
-    with staged_output(Path(cfg.exp) / "report", overwrite=True) as out:
+    with locked(cfg.exp, [report_dir(cfg.exp)]), staged_output(report_dir(cfg.exp), overwrite=True) as out:
         (out / "tex").mkdir()
         (out / "figures").mkdir()
         w = Writer(out)
@@ -78,7 +84,7 @@ def run(cfg: ReportConfig) -> Report:
         w.table(study.partition_table(first))
         w.copy_figure(first[0].folder / "partition" / "summary.png", "partition.png", "Example images per node")
         w.table(study.gan_summary(first))
-        for node in first[0].nodes:
+        for node in first[0].gan_nodes:
             w.copy_figure(first[0].folder / "gan" / node / "samples.png", f"gan_{node}.png",
                           f"Node {node}: real images and both generators' samples")
         headline = None
@@ -110,11 +116,23 @@ def run(cfg: ReportConfig) -> Report:
         audited = next((s for s in subs if s.audits), None)
         if audited is not None:
             privacy_figures(w, audited)
+        w.missing |= {m.title: m for m in stale}
         if w.missing:
             w.lines += ["## Not in this report", ""]
             w.lines += [f"- {m.title}: needs {m.needs}" for m in w.missing.values()] + [""]
         atomic_write_bytes(out / "report.md", "\n".join(w.lines).encode())
-    return Report(Path(cfg.exp) / "report" / "report.md", headline, w.tables, list(w.missing.values()))
+    return Report(report_dir(cfg.exp) / "report.md", headline, w.tables, list(w.missing.values()))
+
+
+def stale_notes(subs: list[SubExperiment], exp: Path) -> list[Missing]:
+    """Artifacts left out because they were made from inputs the experiment no longer holds (another
+    partition, a retrained GAN): listed at the end of report.md and printed now."""
+    notes = [Missing(f"{s.folder.relative_to(exp).as_posix()} (stale: made from {' and '.join(s.inputs)})",
+                     f"a rerun of fedcli {s.stage} --overwrite") for sub in subs for s in sub.stale]
+    for note in notes:
+        console.out.print(f"left out of the report: {note.title}; it needs {note.needs}", markup=False,
+                          soft_wrap=True)
+    return notes
 
 
 def privacy_figures(w: Writer, sub: SubExperiment) -> None:

@@ -2,7 +2,9 @@
 
 An experiment is its own folder plus, after a sweep, every `runs/<key=value,...>/` below it.
 Sub-experiments that differ only in their seed are replicates: the report shows mean +- std
-over them.
+over them. A GAN, federate or audit folder made from inputs the experiment no longer holds (the
+partition was remade, a GAN retrained; see `stale_inputs`) is left out and listed as stale, so
+the report never shows results of two partitions side by side.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedcli.artifact_kinds import CONFIG, stale_inputs
 from fedcli.errors import UserError
 from fedcli.fl.strategies import SHARED_MODELS
 from fedcli.pipeline.ledger import point_values
@@ -61,6 +64,16 @@ class Run:
     folder: Path
 
 
+@dataclasses.dataclass(frozen=True)
+class Stale:
+    """An artifact folder left out of the report: the stage that wrote it, and the inputs it was made
+    from that the experiment no longer holds."""
+
+    folder: Path
+    stage: str
+    inputs: list[str]
+
+
 @dataclasses.dataclass
 class SubExperiment:
     folder: Path
@@ -70,10 +83,17 @@ class SubExperiment:
     cv_runs: list[Run]
     gans: list[dict]
     audits: list[dict]
+    stale: list[Stale] = dataclasses.field(default_factory=list)
 
     @property
     def nodes(self) -> list[str]:
         return [n["name"] for n in self.manifest["nodes"]] if self.manifest else []
+
+    @property
+    def gan_nodes(self) -> list[str]:
+        """Nodes, in partition order, whose GAN outputs are in the report."""
+        made = {g.get("node") for g in self.gans}
+        return [n for n in self.nodes if n in made]
 
     def run(self, strategy: str) -> Run | None:
         return next((r for r in self.runs if r.strategy == strategy), None)
@@ -119,13 +139,26 @@ def strategy_order(name: str) -> int:
 def load_sub(folder: Path) -> SubExperiment:
     manifest_path = folder / "partition" / "manifest.json"
     manifest = load_json(manifest_path) if manifest_path.is_file() else None
-    runs = sorted((load_run(p) for p in finished(folder / "federate")), key=lambda r: strategy_order(r.strategy))
+    stale: list[Stale] = []
+
+    def current(artifact: Path) -> bool:
+        """Whether an artifact folder was made from what the experiment holds now (else noted as stale)."""
+        outdated = stale_inputs(artifact / CONFIG)
+        if outdated:
+            stage = load_json(artifact / CONFIG).get("stage", "the stage that wrote it")
+            stale.append(Stale(artifact, stage, outdated))
+        return not outdated
+
+    runs = sorted((load_run(p) for p in finished(folder / "federate") if current(p)),
+                  key=lambda r: strategy_order(r.strategy))
     cv_roots = [folder / "federate" / "cv", *sorted((folder / "select").glob("*/federate/cv"))]
     cv_runs = [load_run(fold) for root in cv_roots if root.is_dir() for strategy in sorted(root.iterdir())
-               if strategy.is_dir() and not strategy.name.startswith(".") for fold in finished(strategy)]
-    gans = [load_json(p / "config.json") for p in finished(folder / "gan")]
-    audits = [load_json(p / "summary.json") for p in finished(folder / "audit") if (p / "summary.json").is_file()]
-    return SubExperiment(folder, point_values(folder), manifest, runs, cv_runs, gans, audits)
+               if strategy.is_dir() and not strategy.name.startswith(".") for fold in finished(strategy)
+               if current(fold)]
+    gans = [load_json(p / CONFIG) for p in finished(folder / "gan") if current(p)]
+    audits = [load_json(p / "summary.json") for p in finished(folder / "audit")
+              if (p / "summary.json").is_file() and current(p)]
+    return SubExperiment(folder, point_values(folder), manifest, runs, cv_runs, gans, audits, stale)
 
 
 def load_experiment(exp: Path) -> list[SubExperiment]:

@@ -16,11 +16,18 @@ def visible_dirs(path: Path) -> list[Path]:
 def read(data_dir: Path) -> SourceData:
     root = require_dir(data_dir, "folders")
     found: list[tuple[str, str, str]] = []  # (site, class, relative path)
+    seen: dict[tuple[int, int], str] = {}  # (device, inode) -> the relative path the file was first found under
     for site_dir in visible_dirs(root):
         for class_dir in visible_dirs(site_dir):
             for path in sorted(class_dir.rglob("*")):
                 if is_image_file(path):
-                    found.append((site_dir.name, class_dir.name, str(path.relative_to(root))))
+                    rel = str(path.relative_to(root))
+                    stat = path.stat()
+                    first = seen.setdefault((stat.st_dev, stat.st_ino), rel)
+                    if first != rel:
+                        raise UserError(f"{root / first} and {root / rel} are the same file (a linked folder or "
+                                        "file), so its images would sit on two nodes; remove the link")
+                    found.append((site_dir.name, class_dir.name, rel))
     if not found:
         raise UserError(f"no images found under {root}; expected {root}/<node>/<class>/*.png (or .jpg, ...)")
     classes = sorted({c for _, c, _ in found})

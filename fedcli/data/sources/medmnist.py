@@ -49,7 +49,10 @@ def load_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise UserError(f"{path} is multi-label ({labels.shape[1]} labels per image); fedcli needs one label")
     if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] != 3):
         raise UserError(f"{path}: images of shape {images.shape[1:]} are neither grayscale nor RGB")
-    return images.astype(np.uint8, copy=False), labels[:, 0].astype(np.int64)
+    if images.dtype != np.uint8:  # a cast would wrap 16-bit or float pixels silently
+        raise UserError(f"{path}: images are {images.dtype}, MedMNIST files hold uint8; save them as uint8 "
+                        "or as image files for --source folders or csv")
+    return images, labels[:, 0].astype(np.int64)
 
 
 def read(data_dir: Path) -> SourceData:

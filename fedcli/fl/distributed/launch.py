@@ -30,8 +30,10 @@ from fedcli.errors import UserError
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.distributed.group import published_verdict
 from fedcli.fl.distributed.worker import MISMATCH_EXIT, log_path
-from fedcli.fl.stage import StrategyRun, buffer_user, checkpoint_dir, load_buffer, planned_runs
+from fedcli.fl.stage import StrategyRun, buffer_user, check_outputs, checkpoint_dir, load_buffer, planned_runs, \
+    run_outputs
 from fedcli.layout import federate_dir
+from fedcli.locking import TOKEN, TOKEN_ENV, locked
 
 GRACE_S = 5.0  # beyond the timeout, before the launcher kills a node that has not stopped
 
@@ -43,8 +45,15 @@ def free_port() -> int:
 
 
 def run(cfg: FederateConfig) -> list[StrategyRun]:
+    """The nodes run under the launcher's locks: they accept locks held under its token."""
     manifest = Manifest.load(cfg.exp)
     runs = planned_runs(cfg, manifest)
+    with locked(cfg.exp, run_outputs(cfg, runs), parts=manifest.node_names):
+        check_outputs(cfg, runs, manifest.node_names)
+        return start_nodes(cfg, manifest, runs)
+
+
+def start_nodes(cfg: FederateConfig, manifest: Manifest, runs: list[tuple[str, int | None]]) -> list[StrategyRun]:
     if buffer_user(cfg):
         for node in manifest.node_names:
             load_buffer(cfg.exp, manifest, node, cfg.buffer_size, buffer_user(cfg))
@@ -55,7 +64,8 @@ def run(cfg: FederateConfig) -> list[StrategyRun]:
                           timeout=datetime.timedelta(seconds=cfg.timeout))
     with tempfile.TemporaryDirectory(prefix="fedcli-launch-") as tmp:
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(len(nodes)),
-               "LOCAL_WORLD_SIZE": str(len(nodes)), "FEDCLI_STORE_HOSTED": "1", "OMP_NUM_THREADS": str(threads)}
+               "LOCAL_WORLD_SIZE": str(len(nodes)), "FEDCLI_STORE_HOSTED": "1", "OMP_NUM_THREADS": str(threads),
+               TOKEN_ENV: TOKEN}
         procs, logs = {}, {}
         for rank, node in enumerate(nodes):
             config = Path(tmp) / f"{node}.json"  # the node is named, so no rank looks it up in another's manifest

@@ -30,17 +30,18 @@ from fedcli.fl.distributed.group import Group
 from fedcli.fl.distributed.transport import TorchTransport
 from fedcli.fl.engine import NodeImages, run_rounds
 from fedcli.fl.progress import RoundProgress
-from fedcli.fl.stage import StrategyRun, buffer_user, checkpoint_dir, computed, federation, load_buffer, \
-    planned_runs, run_label, strategy_config, write_output
+from fedcli.fl.stage import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, federation, \
+    load_buffer, planned_runs, run_label, run_outputs, strategy_config, write_output
 from fedcli.fl.strategies import make_strategy
-from fedcli.layout import BUFFER, federate_dir, gan_dir
+from fedcli.layout import BUFFER, federate_dir, gan_dir, inside
+from fedcli.locking import locked
 
 FINAL = "final"  # a rank's final models, inside its checkpoint part, for rank 0 to collect
 MISMATCH_EXIT = 3  # a checkpoint from other options: the launcher raises CheckpointMismatch
 
 
 def log_path(exp: Path, node: str) -> Path:
-    return Path(exp) / "logs" / f"{node}.log"
+    return inside(exp, "logs", f"{node}.log")
 
 
 def node_logger(exp: Path, node: str) -> logging.Logger:
@@ -129,7 +130,10 @@ class Rank:
         return shared
 
     def run_all(self) -> list[StrategyRun]:
-        runs = [self.run_one(name, fold) for name, fold in self.runs]
+        """Under this node's locks: its launcher's (`--launch local`), or its own (started by hand)."""
+        with locked(self.cfg.exp, run_outputs(self.cfg, self.runs), parts=[self.node]):
+            check_outputs(self.cfg, self.runs, self.manifest.node_names, local=[self.node])
+            runs = [self.run_one(name, fold) for name, fold in self.runs]
         return runs if self.group.rank == 0 else []
 
     def run_one(self, name: str, fold: int | None) -> StrategyRun:
