@@ -17,4 +17,6 @@ class ProgressBar:
         return self
 
     def __exit__(self, *exc) -> None:
+        if exc[0] is not None:  # a failure ends in one error line: the bar it interrupted goes
+            self.progress.live.transient = True
         self.progress.__exit__(*exc)

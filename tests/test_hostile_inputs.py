@@ -161,6 +161,7 @@ def test_disk_full_during_federate_and_report_leaves_the_experiment_as_it_was(cl
     intact = not (exp / "federate" / "fedavg").exists() and no_staging_left(exp)
     record_case(7, "ENOSPC while federate writes", args, result, intact)
     assert result.exit_code == 2 and intact and "No space left" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # the interrupted progress bar is gone
     before = tree(exp)
     args = ["report", exp]
     result = cli(*args)
