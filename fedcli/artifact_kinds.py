@@ -3,7 +3,7 @@
 A stage lists what it wrote in its folder's `config.json` (`files: {relpath: {bytes, sha256}}`,
 `record_files`); a loader reads an artifact through `read_recorded`, which refuses a file whose
 size or hash differs from that record (truncated, edited, or another node's copied over it), then
-applies the content checks of its kind (`load_state`, `buffer_problem`, finiteness). `stale_inputs`
+applies the content checks of its kind (`load_recorded`, `buffer_problem`, finiteness). `stale_inputs`
 compares the inputs a `config.json` names (the partition's content hash, upstream files' hashes)
 with what the experiment holds now. Kinds are matched by path relative to an experiment folder;
 `runs/<point>/` (sweeps) and `select/<point>/` (model selection) are experiments of their own.
@@ -176,7 +176,7 @@ def read_recorded(path: Path, what: str, fix: str) -> bytes:
     return data
 
 
-def load_state(path: Path, what: str, fix: str, expect: dict[str, str] | None = None) -> tuple[dict, dict]:
+def load_recorded(path: Path, what: str, fix: str, expect: dict[str, str] | None = None) -> tuple[dict, dict]:
     """(tensors, metadata) of a recorded safetensors artifact: the record matches, the file parses, the
     metadata holds `expect` (e.g. the node it belongs to) and every float tensor is finite."""
     try:
@@ -193,9 +193,9 @@ def load_state(path: Path, what: str, fix: str, expect: dict[str, str] | None = 
 
 
 def load_module(module, path: Path, what: str, fix: str, expect: dict[str, str] | None = None, unfit: str = ""):
-    """`module` with the state at `path` (see `load_state`); a state that does not fit it is refused,
+    """`module` with the state at `path` (see `load_recorded`); a state that does not fit it is refused,
     saying `unfit` (what the module is) when given."""
-    state, _ = load_state(path, what, fix, expect)
+    state, _ = load_recorded(path, what, fix, expect)
     try:
         module.load_state_dict(state)
     except RuntimeError as exc:  # torch's first line only names the module; the next names the tensors

@@ -7,6 +7,7 @@ into place only when it has finished, so an error never leaves a partial artifac
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcli import __version__
-from fedcli.errors import UserError, environment_message
+from fedcli.errors import UserError
 
 
 METADATA_KEY = "fedcli"
@@ -67,7 +68,13 @@ def read_json(path: Path, what: str) -> Any:
 
 
 def write_csv(path: Path, frame) -> None:
-    atomic_write_bytes(path, frame.to_csv(index=False, lineterminator="\n").encode())
+    """A table with "\n" line ends. Python's csv does not quote a cell holding a carriage return under
+    "\n", which would split its row when read back (a file name from predict can hold one): then every
+    text cell is quoted; other tables keep their bytes."""
+    text = [c for c in frame.columns if frame[c].dtype.kind not in "biufcmM"]  # not numbers, booleans or times
+    carriage_return = any(frame[c].astype(str).str.contains("\r", regex=False).any() for c in text)
+    quoting = csv.QUOTE_NONNUMERIC if carriage_return else csv.QUOTE_MINIMAL
+    atomic_write_bytes(path, frame.to_csv(index=False, lineterminator="\n", quoting=quoting).encode())
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -195,7 +202,7 @@ PROBE_ATTEMPTS = 5
 
 def check_writable(folder: Path) -> None:
     """Fail now, not after hours of training, when `folder` cannot be made or written: create it if needed
-    and write a probe file there; both are removed again."""
+    and write a probe file there; both are removed again. The OSError is the CLI's (or a node's) one line."""
     folder = Path(folder)
     created = [p for p in reversed([folder, *folder.parents]) if not p.exists()]
     try:
@@ -209,8 +216,6 @@ def check_writable(folder: Path) -> None:
                     raise
         os.close(fd)
         os.unlink(probe)
-    except OSError as exc:
-        raise UserError(environment_message(exc)) from exc
     finally:
         for parent in reversed(created):
             with contextlib.suppress(OSError):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from fedcli import console
 from fedcli.artifacts import remove_leftovers
-from fedcli.errors import UserError, environment_message
+from fedcli.errors import UserError
 
 LOCKS = ".locks"
 TOKEN_ENV = "FEDCLI_LOCK_TOKEN"
@@ -97,8 +97,6 @@ def enter(path: Path, output: Path) -> bool:
             return False
         raise Locked(f"{output} is being written by {describe(busy.holder)}; wait for it to finish or stop it") \
             from None
-    except OSError as exc:
-        raise UserError(environment_message(exc)) from exc
     HELD[path] = Held(fd, created)
     return True
 

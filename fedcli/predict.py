@@ -11,7 +11,6 @@ that a spreadsheet would run as a formula are escaped in the CSV (`csv_text`).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import os
 from collections import Counter
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 
 from fedcli.artifact_kinds import load_module
-from fedcli.artifacts import atomic_write_bytes, read_json
+from fedcli.artifacts import read_json, write_csv
 from fedcli.data.imagefiles import IMAGE_SUFFIXES, BadImageError, decode_image, is_image_file, native_pixels
 from fedcli.data.loading import CHUNK, resize, to_channels
 from fedcli.data.manifest import Manifest
@@ -60,8 +59,6 @@ def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensem
         out: Path | None = None, device: str = "auto", batch: int = 64, skip_bad: bool = False) -> Prediction:
     if node is not None and ensemble:
         raise UserError("--node and --ensemble exclude each other; pass one of them")
-    if batch < 1:
-        raise UserError(f"--batch must be at least 1, got {batch}")
     if strategy not in STRATEGIES:
         raise UserError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     exp = Path(exp)
@@ -79,9 +76,7 @@ def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensem
     if out.is_dir():
         raise UserError(f"--out {out} is a folder; give a file name such as {out / 'predictions.csv'}")
     try:
-        # every text cell quoted: Python's csv leaves a carriage return in a file name unquoted under "\n"
-        atomic_write_bytes(out, frame.to_csv(index=False, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
-                           .encode())
+        write_csv(out, frame)
     except OSError as exc:
         raise UserError(f"cannot write {out} ({exc.strerror or exc}); choose another --out") from exc
     return Prediction(out, strategy, tag, frame, skipped)

@@ -14,13 +14,15 @@ nearest.png, roc.png, config.json.
 from __future__ import annotations
 
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import torch
 
 from fedcli import console
-from fedcli.artifact_kinds import AUDITED, record_files
-from fedcli.artifacts import check_output_free, provenance, sha256_file, staged_output, write_csv, write_json
+from fedcli.artifact_kinds import AUDITED, file_sha256, record_files
+from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.audit import figures, scores
 from fedcli.audit.groups import matched_groups
 from fedcli.audit.progress import ProjectionProgress
@@ -30,7 +32,7 @@ from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device, with_threads
 from fedcli.errors import UserError
-from fedcli.gan.networks import Architecture
+from fedcli.gan.networks import Architecture, Generator
 from fedcli.gan.perceptual import Perceptual
 from fedcli.gan.buffer import load_buffer_file
 from fedcli.gan.stage import load_generator, read_gan_config
@@ -43,7 +45,16 @@ MIN_GROUP = 200  # the audit asks for at least this many images per group where 
 W_AVG_SAMPLES = 1000
 
 
-def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> dict:
+@dataclasses.dataclass
+class NodeInputs:
+    """What a node's audit reads, loaded and checked before any node's projections run."""
+
+    saved: dict  # the node's GAN config.json
+    generators: dict[str, Generator]  # "standard" and "privacy", on the CPU
+    buffer: torch.Tensor  # uint8 images
+
+
+def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> NodeInputs:
     folder = gan_dir(cfg.exp, node)
     for name in (GENERATOR, GENERATOR_PHASE1, BUFFER):
         if not (folder / name).is_file():
@@ -52,10 +63,9 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> dict:
     if saved["architecture"]["resolution"] != manifest["image_size"]:
         raise UserError(f"node {node}'s generator makes {saved['architecture']['resolution']} px images but the "
                         f"partition has {manifest['image_size']} px; re-run fedcli train-gan")
-    for file in GENERATORS.values():  # refused here, before any node's projections run
-        load_generator(folder, file, Architecture(**saved["architecture"]))
-    load_buffer_file(folder, node, manifest, saved.get("classes"))
-    return saved
+    arch = Architecture(**saved["architecture"])
+    generators = {name: load_generator(folder, file, arch) for name, file in GENERATORS.items()}
+    return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0])
 
 
 @with_threads
@@ -68,7 +78,7 @@ def run(cfg: AuditConfig) -> list[dict]:
 
 def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[dict]:
     """`run`, with the nodes' folders locked."""
-    saved = {node: check_inputs(cfg, manifest, node) for node in nodes}
+    inputs = {node: check_inputs(cfg, manifest, node) for node in nodes}
     for node in nodes:
         check_output_free(audit_dir(cfg.exp, node), cfg.overwrite)
     device = resolve_device(cfg.device)
@@ -76,12 +86,12 @@ def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[
         console.warn(f"--optimize-noise at {manifest['image_size']} px: free noise maps can rebuild any image, "
                      "so projection distances say little about memorisation below 128 px")
     seed = manifest["seed"] if cfg.seed is None else cfg.seed
-    perceptual = Perceptual(saved[nodes[0]]["lpips"]["net"]).to(device)
-    return [audit_node(cfg, manifest, node, saved[node], seed, perceptual, device) for node in nodes]
+    perceptual = Perceptual(inputs[nodes[0]].saved["lpips"]["net"]).to(device)
+    return [audit_node(cfg, manifest, node, inputs[node], seed, perceptual, device) for node in nodes]
 
 
-def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, saved: dict, seed: int, perceptual: Perceptual,
-               device: str) -> dict:
+def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs, seed: int,
+               perceptual: Perceptual, device: str) -> dict:
     train, test = NodeDataset(manifest, node, "train"), NodeDataset(manifest, node, "test")
     member_idx, non_member_idx = matched_groups(train.records, test.records, cfg.max_images, seed, node)
     if len(member_idx) < min(MIN_GROUP, cfg.max_images):
@@ -91,9 +101,8 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, saved: dict, see
     labels = torch.cat([train.labels[member_idx], test.labels[non_member_idx]]).to(device)
     ids = [train.records[i]["id"] for i in member_idx] + [test.records[i]["id"] for i in non_member_idx]
     is_member = np.array([1] * len(member_idx) + [0] * len(non_member_idx))
-    arch = Architecture(**saved["architecture"])
     folder = gan_dir(cfg.exp, node)
-    generators = {name: load_generator(folder, file, arch, device) for name, file in GENERATORS.items()}
+    generators = {name: generator.to(device) for name, generator in inputs.generators.items()}
     means, spread = class_mean_w(generators["standard"], sorted(set(labels.tolist())), W_AVG_SAMPLES,
                                  torch_stream(seed, node, "audit-w-mean"))
     w_start = torch.stack([means[int(c)] for c in labels])
@@ -121,7 +130,7 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, saved: dict, see
                   "l2": float(b), "ssim": float(c), "steps": cfg.steps}
                  for i, m, y, a, b, c in zip(ids, is_member, labels.tolist(), lp, l2, ss)]
     frame = pd.DataFrame(rows)
-    buffer_images = to_float(load_buffer_file(folder, node, manifest, saved.get("classes"))[0]).to(device)
+    buffer_images = to_float(inputs.buffer).to(device)
     real_to_buffer, nearest_buffer = scores.nearest(perceptual, images, buffer_images)
     buffer_to_real, nearest_real = scores.nearest(perceptual, buffer_images, images)
     summary = summarize(frame, is_member, real_to_buffer.cpu().numpy(), buffer_to_real.cpu().numpy(),
@@ -137,8 +146,8 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, saved: dict, see
         figures.pairs(out / "pairs.png", images[:len(member_idx)], reconstructions, node)
         figures.nearest(out / "nearest.png", buffer_images, images, buffer_to_real.cpu(), nearest_real.cpu(), node)
         figures.roc(out / "roc.png", frame, node)
-        inputs = {"manifest": manifest.content_hash} | {name: sha256_file(folder / f) for name, f in AUDITED.items()}
-        write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed, inputs)
+        hashes = {"manifest": manifest.content_hash} | {name: file_sha256(folder / f) for name, f in AUDITED.items()}
+        write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed, hashes)
                    | {"files": record_files(out)})
     return summary
 

@@ -18,8 +18,8 @@ import pandas as pd
 import torch
 
 from fedcli import console
-from fedcli.artifact_kinds import record_files
-from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, sha256_file, \
+from fedcli.artifact_kinds import file_sha256, record_files
+from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, \
     staged_output, write_csv, write_json
 from fedcli.config import ENGINE_OPTIONS, FederateConfig, to_json
 from fedcli.data.manifest import Manifest
@@ -74,7 +74,7 @@ def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
         check_outputs(cfg, runs, manifest.node_names)
         buffers = {node: load_buffer(cfg.exp, manifest, node, cfg.buffer_size, buffer_user(cfg))
                    for node in manifest.node_names} if buffer_user(cfg) else {}
-        buffer_info = {node: {"sha256": sha256_file(gan_dir(cfg.exp, node) / BUFFER), "size": len(buffers[node])}
+        buffer_info = {node: {"sha256": file_sha256(gan_dir(cfg.exp, node) / BUFFER), "size": len(buffers[node])}
                        for node in buffers}
         images = NodeImages(manifest)
         device = resolve_device(cfg.device)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from fedcli.artifact_kinds import buffer_problem, load_state
+from fedcli.artifact_kinds import buffer_problem, load_recorded
 from fedcli.errors import UserError
 from fedcli.gan.networks import Generator
 from fedcli.layout import BUFFER
@@ -53,7 +53,7 @@ def load_buffer_file(folder: Path, node: str, manifest, classes: list[int]) -> t
     """Node `node`'s buffer from its GAN folder: as its config.json recorded, made for this node and this
     partition (`manifest`), uint8 images of the partition's shape, one label per image from `classes`."""
     what, fix = f"buffer of node {node}", f"re-run fedcli train-gan --node {node} --overwrite"
-    tensors, _ = load_state(Path(folder) / BUFFER, what, fix,
+    tensors, _ = load_recorded(Path(folder) / BUFFER, what, fix,
                             expect={"node": node, "manifest": manifest.content_hash})
     images, labels = tensors.get("images"), tensors.get("labels")
     shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])

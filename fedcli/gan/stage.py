@@ -15,8 +15,8 @@ import pandas as pd
 import torch
 
 from fedcli import console
-from fedcli.artifact_kinds import file_record, load_module, record_files
-from fedcli.artifacts import (check_output_free, provenance, read_json, save_tensors, sha256_file, staged_output,
+from fedcli.artifact_kinds import file_record, file_sha256, load_module, record_files
+from fedcli.artifacts import (check_output_free, provenance, read_json, save_tensors, staged_output,
                               write_csv, write_json)
 from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
@@ -120,7 +120,7 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
             "phase2": {"fid": phase2.fid, "kept_iteration": phase2.iteration,
                        "iterations": phase2.iterations_run, "stopped": phase2.stopped,
                        "fid_limit": cfg.fid_factor * phase1.fid},
-            "buffer": {"size": cfg.buffer_size, "sha256": sha256_file(out / BUFFER)},
+            "buffer": {"size": cfg.buffer_size, "sha256": file_sha256(out / BUFFER)},
         }
         write_json(out / "config.json", provenance("train-gan", to_json(cfg), seed,
                                                    {"manifest": manifest.content_hash}) | summary

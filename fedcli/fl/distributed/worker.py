@@ -20,11 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from fedcli.artifacts import canonical_json, load_tensors, save_tensors, sha256_file
+from fedcli.artifact_kinds import file_sha256
+from fedcli.artifacts import canonical_json, load_tensors, save_tensors
 from fedcli.config import FederateConfig, stage_values, to_json
 from fedcli.data.node_manifest import NodeManifest, load_node_manifest
 from fedcli.devices import distributed_backend, resolve_device, torch_threads
-from fedcli.errors import UserError
+from fedcli.errors import UserError, environment_message
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.distributed.group import Group
 from fedcli.fl.distributed.transport import TorchTransport
@@ -85,7 +86,7 @@ class Rank:
         self.runs = planned_runs(cfg, manifest)
         user = buffer_user(cfg)
         self.buffers = {self.node: load_buffer(cfg.exp, manifest, self.node, cfg.buffer_size, user)} if user else {}
-        own = {"sha256": sha256_file(gan_dir(cfg.exp, self.node) / BUFFER), "size": len(self.buffers[self.node])} \
+        own = {"sha256": file_sha256(gan_dir(cfg.exp, self.node) / BUFFER), "size": len(self.buffers[self.node])} \
             if user else None
         infos = self.group.exchange("sharing buffer hashes", own)
         self.buffer_info = {n: i for n, i in zip(group.names, infos) if i is not None}
@@ -192,6 +193,9 @@ def main(argv: list[str]) -> None:
     except UserError as exc:
         print(f"error: {exc}", flush=True)
         sys.exit(MISMATCH_EXIT if isinstance(exc, CheckpointMismatch) else 2)
+    except OSError as exc:  # as the CLI does: a full disk or a denied folder is one line, in the node's log
+        print(f"error: {environment_message(exc)}", flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
