@@ -3,14 +3,23 @@
 The bare loop does the same forward/backward work on the same networks (D step with lazy R1,
 G step, EMA update) without fedcli's trainer: no ADA controller, no keyed streams, no metrics.
 The ratio (fedcli time / bare time) is the trainer's overhead; target <= 1.15.
-Run: .venv/bin/python bench/gan_throughput.py
+
+`--fidelity` adds quality per unit of CPU: node0's phase-1 GAN on digits (16 px, the quickstart
+partition) and, when ../shared/data has it, PneumoniaMNIST (32 px) is trained with the settings
+before issue 13 (R1 gamma 0.05, ADA 20 kimg, EMA 2 kimg, no style mixing, no truncation; the ADA
+transform set is today's) and after it (the defaults), and the buffer's fidelity ratio is printed
+against the minutes of training. Minutes: 2 threads, about 5 per dataset.
+Run: .venv/bin/python bench/gan_throughput.py [--fidelity]
 """
 
 from __future__ import annotations
 
 import copy
+import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +72,7 @@ def timed(fn) -> float:
 def bench_training(resolution: int, channel_base: int, channel_max: int, perceptual, features) -> None:
     arch = Architecture(resolution=resolution, channels=1, num_classes=10, channel_base=channel_base,
                         channel_max=channel_max)
-    settings = TrainSettings(ada_target=1.0)  # p stays 0: both sides do the same work
+    settings = TrainSettings(ada_target=1.0, style_mixing=0.0)  # p stays 0, one w: both sides do the same work
     reals = torch.rand(256, 1, resolution, resolution) * 2 - 1
     labels = torch.arange(256) % 10
     trainer = GanTrainer(arch, settings, reals, labels, perceptual, features, torch.Generator().manual_seed(0), 1)
@@ -96,6 +105,55 @@ def bench_sampling(perceptual) -> None:
           f"ratio {t_fedcli / t_bare:.2f}")
 
 
+BEFORE = {"r1_gamma": 0.05, "ada_kimg": 20.0, "ema_kimg": 2.0, "style_mixing": 0.0, "truncation": 1.0}
+PNEUMONIA = Path(__file__).resolve().parents[1] / "../shared/data/medmnist/pneumoniamnist.npz"
+
+
+def bench_fidelity(source: list[str], iterations: int, every: int) -> None:
+    """Fidelity ratio of node0's phase-1 EMA generator against training minutes, before and after."""
+    from typer.testing import CliRunner
+
+    from fedcli.cli import app
+    from fedcli.config import GanConfig
+    from fedcli.data.dataset import NodeDataset, to_float
+    from fedcli.data.manifest import Manifest
+    from fedcli.fl.local import TensorSource
+    from fedcli.gan import fidelity
+    from fedcli.gan.stage import architecture, settings
+    from fedcli.rng import stream_seed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exp = Path(tmp) / "exp"
+        result = CliRunner().invoke(app, ["partition", *source, "--scheme", "site-shift", "--nodes", "3", "--exp",
+                                          str(exp), "--threads", "2"])
+        assert result.exit_code == 0, result.output
+        manifest = Manifest.load(exp)
+        train, test = NodeDataset(manifest, "node0", "train"), NodeDataset(manifest, "node0", "test")
+        real, tests = TensorSource(train.images, train.labels), TensorSource(test.images, test.labels)
+        classes = sorted(set(train.labels.tolist()))
+        budget = fidelity.Budget(epochs=9)
+        perceptual = Perceptual("alex")
+        for name, values in (("before", BEFORE), ("after", {})):
+            cfg = GanConfig(exp=exp, iterations=iterations, **values)
+            arch = architecture(cfg, manifest)
+            stream = torch.Generator().manual_seed(stream_seed(0, "node0", "train-gan"))
+            trainer = GanTrainer(arch, settings(cfg, arch.resolution), to_float(train.images), train.labels,
+                                 perceptual, FeatureSpace(perceptual), stream, stream_seed(0, "node0", "gan-init"))
+            seconds = 0.0
+            for i in range(1, iterations + 1):
+                seconds += timed(trainer.step)
+                if i % every == 0:
+                    G = Generator(arch)
+                    G.load_state_dict(trainer.G_ema.state_dict())
+                    buffer = TensorSource(*sample_buffer(G.eval(), classes, 512, 0, "node0",
+                                                         truncation=cfg.truncation))
+                    score = fidelity.score({"b": buffer}, real, tests, budget, in_channels=manifest["channels"],
+                                           num_classes=manifest.num_classes, seed=0, node="node0")["b"]
+                    print(f"{source[1]} {arch.resolution} px {name:6s} iteration {i:4d}: {seconds / 60:5.2f} min, "
+                          f"fidelity ratio {score['ratio']:.3f} ({score['ratio'] / (seconds / 60):.3f} per minute)",
+                          flush=True)
+
+
 def main() -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(2)
@@ -106,6 +164,10 @@ def main() -> None:
     bench_training(32, 512, 64, perceptual, features)  # the quick configuration
     bench_training(64, 1024, 64, perceptual, features)
     bench_sampling(perceptual)
+    if "--fidelity" in sys.argv:
+        bench_fidelity(["--source", "digits", "--image-size", "16"], 300, 100)
+        if PNEUMONIA.is_file():
+            bench_fidelity(["--source", "medmnist", "--data-dir", str(PNEUMONIA), "--image-size", "32"], 400, 100)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typer.core import TyperGroup
 from fedcli import __version__, console
 from fedcli.config import (AuditConfig, BufferCodec, Device, Engine, FederateConfig, GanConfig, Launch, LpipsNet,
                            Metric, ModelName, PartitionConfig, PredictConfig, ReportConfig, Scheme, Source, Task,
-                           resolve)
+                           number_or_keyword, resolve)
 from fedcli.errors import UserError, environment_message
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
@@ -141,9 +141,19 @@ def train_gan(
     alpha: float = typer.Option(GanConfig.alpha, help="Weight of the privacy loss: G minimises L_G - alpha * L_PP."),
     batch: int = typer.Option(GanConfig.batch, help="Real and synthetic images per step (L_PP grows with it)."),
     lr: float = typer.Option(GanConfig.lr, help="Adam learning rate of G and D."),
-    r1_gamma: float = typer.Option(GanConfig.r1_gamma, help="R1 regularisation weight."),
+    r1_gamma: str = typer.Option(GanConfig.r1_gamma, parser=number_or_keyword,
+                                 help="R1 regularisation weight; auto: 0.0002 x resolution^2 / batch (StyleGAN2-ADA)."),
     ada_target: float = typer.Option(GanConfig.ada_target, help="ADA target for E[sign(D(real))]."),
-    ada_kimg: float = typer.Option(GanConfig.ada_kimg, help="ADA speed: thousands of images for p to go from 0 to 1."),
+    ada_kimg: str = typer.Option(GanConfig.ada_kimg, parser=number_or_keyword,
+                                 help="ADA speed: thousands of images for p to go from 0 to 1; auto: a tenth of "
+                                 "phase 1's images."),
+    ema_kimg: str = typer.Option(GanConfig.ema_kimg, parser=number_or_keyword,
+                                 help="Half-life of the EMA generator in thousands of images (ramped up over the "
+                                 "first twentieth of the images seen); auto: the reference's 10 x batch / 32."),
+    style_mixing: float = typer.Option(GanConfig.style_mixing, help="Share of training batches whose blocks take "
+                                       "their w from two latents (style-mixing regularisation)."),
+    truncation: float = typer.Option(GanConfig.truncation, help="Buffer sampling: pull each w towards its class's "
+                                     "mean w (1: none, 0: the mean image of each class)."),
     z_dim: int = typer.Option(GanConfig.z_dim, help="Latent z size."),
     w_dim: int = typer.Option(GanConfig.w_dim, help="Intermediate latent w size."),
     channel_base: int = typer.Option(GanConfig.channel_base, help="Feature maps at resolution r: min(base / r, max)."),
@@ -155,6 +165,15 @@ def train_gan(
     fid_weights: Optional[Path] = typer.Option(None, help="torchvision Inception-v3 weights for FID \\[default: "
                                                "the torch hub cache, else LPIPS features].", show_default=False),
     buffer_size: int = typer.Option(GanConfig.buffer_size, help="Synthetic images in the shared buffer (class-interleaved)."),
+    fidelity_model: ModelName = typer.Option(GanConfig.fidelity_model, help="Fidelity score's classifier (use "
+                                             "federate's --model)."),
+    fidelity_epochs: int = typer.Option(GanConfig.fidelity_epochs, help="Fidelity classifier's epochs over the real "
+                                        "training images (federate's init epochs + rounds x epochs); the buffer "
+                                        "gets as many steps."),
+    fidelity_lr: float = typer.Option(GanConfig.fidelity_lr, help="Fidelity classifier's learning rate (federate's --lr)."),
+    fidelity_batch: int = typer.Option(GanConfig.fidelity_batch, help="Fidelity classifier's batch (federate's --batch)."),
+    fidelity_seeds: int = typer.Option(GanConfig.fidelity_seeds, help="Classifier seeds the fidelity score averages "
+                                       "over; 0 skips it."),
     sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "
                                      "the saved generator."),
     device: Device = typer.Option(GanConfig.device, help="auto (CUDA when present), cpu or cuda."),

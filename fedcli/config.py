@@ -178,13 +178,35 @@ def resolve(cls: type, cli: dict[str, Any], given_on_cli: set[str], recipe_path:
     return cls(**values)
 
 
+def kind_name(annotation: Any) -> str:
+    """`a number`, `"auto"`, ...: what a value of this type looks like, for messages."""
+    if typing.get_origin(annotation) is Literal:
+        return " or ".join(f'"{a}"' for a in typing.get_args(annotation))
+    return "a number" if annotation in (int, float) else f"of type {getattr(annotation, '__name__', annotation)}"
+
+
+def number_or_keyword(text: str) -> float | str:
+    """A command-line value that is a number or a keyword such as `auto` (checked by the config)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check a TOML value against a config field's type, converting str to Path where needed."""
     args = typing.get_args(annotation)
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
-        return coerce(value, options[0], key) if len(options) == 1 else value
+        if len(options) == 1:
+            return coerce(value, options[0], key)
+        for option in options:
+            try:
+                return coerce(value, option, key)
+            except UserError:
+                pass
+        raise UserError(f"{key} = {value!r} must be {' or '.join(map(kind_name, options))}")
     if origin is tuple:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise UserError(f"{key} = {value!r} must be a list of strings")
@@ -204,6 +226,8 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 
 LpipsNet = Literal["vgg", "alex"]
 Device = Literal["auto", "cpu", "cuda"]
+ModelName = Literal["cnn", "resnet18", "resnet50", "densenet121"]
+Auto = Literal["auto"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,9 +247,12 @@ class GanConfig:
     alpha: float = ranged(1.0, 0, 1000, why="0 disables the privacy loss")
     batch: int = ranged(32, 2, MAX_BATCH)
     lr: float = ranged(0.0025, 0, 1, low_open=True)
-    r1_gamma: float = ranged(0.05, 0, 10_000)
+    r1_gamma: float | Auto = ranged("auto", 0, 10_000, why="auto: 0.0002 x resolution^2 / batch")
     ada_target: float = ranged(0.6, 0, 1)
-    ada_kimg: float = ranged(20.0, 0, MAX_COUNT, low_open=True)
+    ada_kimg: float | Auto = ranged("auto", 0, MAX_COUNT, low_open=True)
+    ema_kimg: float | Auto = ranged("auto", 0, MAX_COUNT)
+    style_mixing: float = ranged(0.9, 0, 1, why="the share of training batches with two latents")
+    truncation: float = ranged(0.7, 0, 1, why="1: none, 0: every image is its class's mean")
     z_dim: int = ranged(64, 1, 4096)
     w_dim: int = ranged(64, 1, 4096)
     channel_base: int = ranged(512, 1, 2**16)
@@ -234,6 +261,11 @@ class GanConfig:
     lpips_weights: Path | None = None
     fid_weights: Path | None = None
     buffer_size: int = ranged(512, 1, MAX_COUNT)
+    fidelity_model: ModelName = "cnn"
+    fidelity_epochs: int = ranged(11, 1, MAX_COUNT)
+    fidelity_lr: float = ranged(1e-3, 0, 1, low_open=True)
+    fidelity_batch: int = ranged(32, 2, MAX_BATCH, why="the classifier has BatchNorm")
+    fidelity_seeds: int = ranged(3, 0, 100, why="0 skips the fidelity score")
     sample_only: bool = False
     device: Device = "auto"
     threads: int | None = ranged(None, 1, MAX_THREADS)
@@ -241,13 +273,16 @@ class GanConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        for name in ("r1_gamma", "ada_kimg", "ema_kimg"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value != "auto":
+                raise UserError(f"--{name.replace('_', '-')} must be a number or auto, got {value!r}")
         for name in ("lpips_weights", "fid_weights"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise UserError(f"--{name.replace('_', '-')} {path} does not exist")
 
 
-ModelName = Literal["cnn", "resnet18", "resnet50", "densenet121"]
 BufferCodec = Literal["png", "raw"]
 Engine = Literal["inprocess", "distributed"]
 Launch = Literal["none", "local"]

@@ -87,7 +87,7 @@ def digits_manifest(digits_exp) -> Manifest:
 
 TINY_GAN = ["--iterations", "12", "--patience", "100", "--pp-iterations", "6", "--fid-every", "6", "--fid-images",
             "32", "--batch", "8", "--channel-base", "128", "--channel-max", "16", "--z-dim", "16", "--w-dim", "16",
-            "--buffer-size", "30"]
+            "--buffer-size", "30", "--fidelity-epochs", "1", "--fidelity-seeds", "1"]
 
 
 def tiny_gan_exp(tmp_path_factory, nodes: int) -> Path:

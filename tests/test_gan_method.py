@@ -164,3 +164,48 @@ def test_privacy_phase_moves_samples_away_from_memorisable_reals(perceptual):
     lpips2, pixel2 = nearest_real(perceptual, phase2.generator, arch, images)
     assert lpips2 > 1.1 * lpips1 and pixel2 > 1.05 * pixel1, (lpips1, lpips2, pixel1, pixel2)
     assert math.isfinite(phase1.fid)
+
+
+@pytest.mark.parametrize("resolution,batch,gamma", [(16, 32, 0.0016), (32, 32, 0.0064), (256, 32, 0.4096),
+                                                    (64, 8, 0.1024)])
+def test_r1_gamma_auto_is_the_stylegan2_ada_heuristic(tmp_path, resolution, batch, gamma):
+    from fedcli.config import GanConfig
+    from fedcli.gan.stage import settings
+
+    resolved = settings(GanConfig(exp=tmp_path, r1_gamma="auto", batch=batch), resolution)
+    assert resolved.r1_gamma == pytest.approx(gamma, rel=1e-12)
+    assert settings(GanConfig(exp=tmp_path, r1_gamma=0.05, batch=batch), resolution).r1_gamma == 0.05
+
+
+def test_truncation_zero_gives_the_class_mean_w_and_one_leaves_w_alone():
+    generator = Generator(tiny_arch(classes=3)).eval()
+    z = torch.randn(6, 16, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    generator.track_w_avg(generator.mapping(z, labels), labels)  # a first update: the batch's class means
+    w = generator.mapping(z, labels)
+    means = torch.stack([w[labels == c].mean(dim=0) for c in range(3)])
+    assert torch.allclose(generator.w_avg, means, atol=1e-6)
+    assert torch.allclose(generator.styles(z, labels, truncation=0.0), means[labels], atol=1e-6)
+    assert torch.equal(generator.styles(z, labels, truncation=1.0), w)
+    half = generator.styles(z, labels, truncation=0.5)
+    assert torch.allclose(half, (w + means[labels]) / 2, atol=1e-6)
+
+
+def test_training_tracks_each_class_mean_w_and_mixes_styles(perceptual):
+    """w_avg follows the mapping's outputs per class; style mixing at probability 1 feeds two ws."""
+    reals, labels = digit_images(64)
+    labels = labels % 2
+    fed = []
+    trainer = GanTrainer(tiny_arch(), TrainSettings(batch=8, style_mixing=1.0, fid_images=16), reals, labels,
+                         perceptual, FeatureSpace(perceptual), torch.Generator().manual_seed(0), init_seed=1)
+    synthesis = trainer.G.synthesis
+    trainer.G.synthesis = lambda w, *a, **k: (fed.append(w.dim()), synthesis(w, *a, **k))[1]
+    for _ in range(20):
+        trainer.step()
+    assert set(fed) == {3}  # every training batch mixed (B, num_ws, w_dim)
+    with torch.no_grad():
+        z = torch.randn(256, 16, generator=torch.Generator().manual_seed(1))
+        for c in (0, 1):
+            w = trainer.G.mapping(z, torch.full((256,), c))
+            assert (trainer.G.w_avg[c] - w.mean(dim=0)).norm() < 0.5 * (w - w.mean(dim=0)).norm(dim=1).mean()
+    assert torch.equal(trainer.G_ema.w_avg, trainer.G.w_avg)

@@ -79,20 +79,23 @@ def proximal_term(model: nn.Module, anchor: dict[str, torch.Tensor], mu: float) 
 
 def train_local(model: nn.Module, primary: TensorSource, replay: TensorSource | None, settings: LocalSettings,
                 generator: torch.Generator, device: str = "cpu", anchor: dict[str, torch.Tensor] | None = None,
-                on_batch=None) -> int:
+                on_batch=None, epoch_size: int | None = None) -> int:
     """Train in place; return the number of optimiser steps. `on_batch(images, labels, n_primary)` sees
-    every batch (used by tests and the benchmark)."""
+    every batch (used by tests and the benchmark). `epoch_size`: primary images per epoch (default all
+    of them), drawn without replacement across epochs, so two sources of different sizes can be given
+    the same number of steps."""
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     replayer = Cycler(replay, generator) if replay is not None and len(replay) else None
     primary_draws = Cycler(primary, generator)
     anchor = {k: v.to(device) for k, v in anchor.items()} if anchor is not None and settings.mu > 0 else None
-    bounds = batch_bounds(len(primary), settings.batch)
+    epoch_size = len(primary) if epoch_size is None else epoch_size
+    bounds = batch_bounds(epoch_size, settings.batch)
     steps = 0
     for _ in range(settings.epochs):
-        primary_draws.order = torch.randperm(len(primary), generator=generator)
+        epoch = primary_draws.take(epoch_size)
         for start, end in bounds:
-            index = primary_draws.order[start:end]
+            index = epoch[start:end]
             images, labels = primary.images[index], primary.labels[index]
             n_primary = len(index)
             if replayer is not None:

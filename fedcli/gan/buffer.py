@@ -33,7 +33,7 @@ def interleaved_labels(classes: list[int], n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def sample_buffer(generator: Generator, classes: list[int], size: int, seed: int, node: str,
-                  device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+                  device: str = "cpu", truncation: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     chunks = math.ceil(size / CHUNK)
     labels = interleaved_labels(classes, chunks * CHUNK)
     images = []
@@ -41,7 +41,7 @@ def sample_buffer(generator: Generator, classes: list[int], size: int, seed: int
         stream = torch_stream(seed, node, "buffer", k)
         z = torch.randn(CHUNK, generator.arch.z_dim, generator=stream)
         y = labels[k * CHUNK:(k + 1) * CHUNK]
-        made = generator(z.to(device), y.to(device), generator=stream)
+        made = generator(z.to(device), y.to(device), generator=stream, truncation=truncation)
         if not made.isfinite().all():  # uint8 would turn NaN into black images that federate trains on
             raise UserError(f"node {node}'s generator makes non-finite images (its training diverged); re-run "
                             "fedcli train-gan --overwrite with a lower --lr")

@@ -5,6 +5,10 @@ learned 4x4 constant, with modulated/demodulated 3x3 convolutions, per-layer noi
 skip-connected RGB outputs; equalized learning rate everywhere. Upsampling is bilinear rather
 than the FIR filter of the custom CUDA ops, so it runs anywhere. The discriminator is residual,
 with minibatch standard deviation and projection conditioning on the class embedding.
+
+Each synthesis block takes its own w (style mixing trains with two); the generator tracks the mean
+w of each class (`w_avg`), towards which truncation pulls a sample: per class rather than the
+reference's single mean, because a conditional generator's mean over classes is no class at all.
 """
 
 from __future__ import annotations
@@ -189,6 +193,28 @@ class Generator(nn.Module):
             SynthesisBlock(arch.width(resolutions[max(i - 1, 0)]), arch.width(r), arch, r, first=(i == 0))
             for i, r in enumerate(resolutions)
         )
+        self.register_buffer("w_avg", torch.zeros(arch.num_classes, arch.w_dim))
+        self.register_buffer("w_updates", torch.zeros(arch.num_classes))
+
+    @property
+    def num_ws(self) -> int:
+        return len(self.blocks)
+
+    @torch.no_grad()
+    def track_w_avg(self, w: torch.Tensor, labels: torch.Tensor, beta: float = 0.995) -> None:
+        """Move each class's mean w towards the batch's mean w of that class: a plain running mean over
+        the first 1 / (1 - beta) updates, then an EMA, so a short run's mean is not pulled towards 0."""
+        sums = torch.zeros_like(self.w_avg).index_add_(0, labels, w.detach())
+        counts = torch.bincount(labels, minlength=self.arch.num_classes)
+        seen = counts > 0
+        rate = (1 / (self.w_updates[seen] + 1)).clamp(min=1 - beta).unsqueeze(1)
+        self.w_avg[seen] = self.w_avg[seen].lerp(sums[seen] / counts[seen].unsqueeze(1), rate)
+        self.w_updates[seen] += 1
+
+    def styles(self, z: torch.Tensor, labels: torch.Tensor, truncation: float = 1.0) -> torch.Tensor:
+        """w for (z, label), pulled towards the class's mean w by `truncation` (1: none, 0: the mean)."""
+        w = self.mapping(z, labels)
+        return w if truncation == 1 else self.w_avg[labels].lerp(w, truncation)
 
     @property
     def noise_layers(self) -> list[SynthesisLayer]:
@@ -196,18 +222,19 @@ class Generator(nn.Module):
 
     def synthesis(self, w: torch.Tensor, noise_mode: str = "random", generator: torch.Generator | None = None,
                   noise: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Images from w (B, w_dim), one w for every layer (the audit projects in this W space);
-        `noise` gives every layer's noise map explicitly (in `noise_layers` order)."""
+        """Images from w: (B, w_dim), one w for every block (the audit projects in this W space), or
+        (B, num_ws, w_dim), one per block; `noise` gives every layer's noise map explicitly (in
+        `noise_layers` order)."""
         x = img = None
         maps = iter(noise) if noise is not None else None
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
             block_maps = [next(maps) for _ in block.layers()] if maps is not None else None
-            x, img = block(x, img, w, noise_mode, generator, block_maps)
+            x, img = block(x, img, w if w.dim() == 2 else w[:, i], noise_mode, generator, block_maps)
         return img
 
     def forward(self, z: torch.Tensor, labels: torch.Tensor, noise_mode: str = "random",
-                generator: torch.Generator | None = None) -> torch.Tensor:
-        return self.synthesis(self.mapping(z, labels), noise_mode, generator)
+                generator: torch.Generator | None = None, truncation: float = 1.0) -> torch.Tensor:
+        return self.synthesis(self.styles(z, labels, truncation), noise_mode, generator)
 
 
 class DiscriminatorBlock(nn.Module):

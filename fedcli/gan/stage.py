@@ -25,6 +25,8 @@ from fedcli.devices import resolve_device, with_threads
 from fedcli.layout import BUFFER, GENERATOR, GENERATOR_PHASE1, gan_dir
 from fedcli.locking import locked
 from fedcli.errors import UserError
+from fedcli.fl.local import TensorSource
+from fedcli.gan import fidelity
 from fedcli.gan.buffer import sample_buffer
 from fedcli.gan.fid import FeatureSpace
 from fedcli.gan.networks import Architecture, Generator
@@ -44,9 +46,41 @@ def architecture(cfg: GanConfig, manifest: Manifest) -> Architecture:
                         "with --image-size 16, 32, 64, ...") from exc
 
 
-def settings(cfg: GanConfig) -> TrainSettings:
+def settings(cfg: GanConfig, resolution: int) -> TrainSettings:
+    """The trainer's settings, with each `auto` resolved: R1 gamma by the StyleGAN2-ADA heuristic, ADA
+    able to move p from 0 to 1 within a tenth of phase 1, the reference's EMA half-life."""
     names = {f.name for f in dataclasses.fields(TrainSettings)}
-    return TrainSettings(**{k: v for k, v in dataclasses.asdict(cfg).items() if k in names})
+    values = {k: v for k, v in dataclasses.asdict(cfg).items() if k in names}
+    auto = {"r1_gamma": r1_gamma_auto(resolution, cfg.batch), "ada_kimg": cfg.iterations * cfg.batch / 1000 / 10,
+            "ema_kimg": 10 * cfg.batch / 32}
+    return TrainSettings(**(values | {k: auto[k] for k, v in values.items() if v == "auto"}))
+
+
+def r1_gamma_auto(resolution: int, batch: int) -> float:
+    """StyleGAN2-ADA's heuristic: 0.0002 x resolution^2 / batch."""
+    return 0.0002 * resolution ** 2 / batch
+
+
+def fidelity_budget(cfg: GanConfig, manifest: Manifest) -> fidelity.Budget:
+    return fidelity.Budget(model=cfg.fidelity_model, epochs=cfg.fidelity_epochs, lr=cfg.fidelity_lr,
+                           batch=cfg.fidelity_batch, seeds=cfg.fidelity_seeds,
+                           augment=tuple(manifest.data.get("augment", ())))
+
+
+def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, generators: dict, buffer: TensorSource,
+                     train: TensorSource, device: str) -> dict | None:
+    """The released buffer's fidelity, with the standard (phase 1) generator's alongside under `phase1`;
+    None when --fidelity-seeds is 0."""
+    if not cfg.fidelity_seeds:
+        return None
+    test = NodeDataset(manifest, node, "test")
+    standard = TensorSource(*sample_buffer(generators["phase1"], node_classes(manifest, node), cfg.buffer_size, seed,
+                                           node, device, cfg.truncation))
+    scores = fidelity.score({"released": buffer, "phase1": standard}, train, TensorSource(test.images, test.labels),
+                            fidelity_budget(cfg, manifest), in_channels=manifest["channels"],
+                            num_classes=manifest.num_classes, seed=seed, node=node, device=device)
+    return scores["released"] | {"phase1": scores["phase1"], "test_images": len(test),
+                                 "classifier": dataclasses.asdict(fidelity_budget(cfg, manifest))}
 
 
 @with_threads
@@ -89,8 +123,8 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
     classes = node_classes(manifest, node)
     stream = torch.Generator(device=device)
     stream.manual_seed(stream_seed(seed, node, "train-gan"))
-    trainer = GanTrainer(arch, settings(cfg), to_float(data.images), data.labels, perceptual, features, stream,
-                         init_seed=stream_seed(seed, node, "gan-init"), device=device)
+    trainer = GanTrainer(arch, settings(cfg, arch.resolution), to_float(data.images), data.labels, perceptual,
+                         features, stream, init_seed=stream_seed(seed, node, "gan-init"), device=device)
     rows: list[dict] = []
     with TrainingProgress(node, cfg.iterations, cfg.pp_iterations) as progress:
         phase1, phase2 = run_phases(trainer, lambda row: (rows.append(row), progress.update(row)))
@@ -101,17 +135,21 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
     for name, result in (("phase1", phase1), ("phase2", phase2)):
         generators[name] = Generator(arch).to(device)
         generators[name].load_state_dict(result.generator)
-    images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, seed, node, device)
+    images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, seed, node, device, cfg.truncation)
+    fidelity_scores = measure_fidelity(cfg, manifest, node, seed, generators, TensorSource(images, labels),
+                                       TensorSource(data.images, data.labels), device)
     names = metric_names(perceptual, features)
     with staged_output(gan_dir(cfg.exp, node), cfg.overwrite) as out:
         save_tensors(out / GENERATOR, phase2.generator, {"phase": "2", "node": node})
         save_tensors(out / GENERATOR_PHASE1, phase1.generator, {"phase": "1", "node": node})
         save_tensors(out / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
         write_csv(out / "metrics.csv", metrics_frame(rows, names))
-        write_samples(out / "samples.png", generators, classes, manifest["label_names"], seed, node, device)
+        write_samples(out / "samples.png", generators, classes, manifest["label_names"], seed, node, device,
+                      cfg.truncation)
         summary = {
             "node": node, "classes": classes, "architecture": dataclasses.asdict(arch),
             "train_images": len(data), "device": device,
+            "settings": dataclasses.asdict(trainer.s),
             "lpips": {"net": cfg.lpips_net, "name": perceptual.name, "calibrated": perceptual.calibrated},
             "fid": {"name": features.name, "calibrated": features.calibrated},
             "metric_names": names,
@@ -120,7 +158,8 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
             "phase2": {"fid": phase2.fid, "kept_iteration": phase2.iteration,
                        "iterations": phase2.iterations_run, "stopped": phase2.stopped,
                        "fid_limit": cfg.fid_factor * phase1.fid},
-            "buffer": {"size": cfg.buffer_size, "sha256": file_sha256(out / BUFFER)},
+            "buffer": {"size": cfg.buffer_size, "truncation": cfg.truncation, "sha256": file_sha256(out / BUFFER)},
+            "fidelity": fidelity_scores,
         }
         write_json(out / "config.json", provenance("train-gan", to_json(cfg), seed,
                                                    {"manifest": manifest.content_hash}) | summary
@@ -162,16 +201,23 @@ def read_gan_config(exp: Path, manifest: Manifest, node: str) -> dict:
 
 
 def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str) -> dict:
-    """Write a buffer of another size from the saved privacy-preserving generator."""
+    """Write a buffer of another size or truncation from the saved privacy-preserving generator, and
+    score its fidelity again."""
     folder = gan_dir(cfg.exp, node)
     saved = read_gan_config(cfg.exp, manifest, node)
     classes = saved["classes"]
     check_buffer_size(cfg.buffer_size, classes, node)
-    generator = load_generator(folder, GENERATOR, Architecture(**saved["architecture"]), device)
-    images, labels = sample_buffer(generator, classes, cfg.buffer_size, saved["seed"], node, device)
+    arch = Architecture(**saved["architecture"])
+    generators = {name: load_generator(folder, filename, arch, device)
+                  for name, filename in (("phase2", GENERATOR), ("phase1", GENERATOR_PHASE1))}
+    images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, saved["seed"], node, device,
+                                   cfg.truncation)
+    data = NodeDataset(manifest, node, "train")
+    saved["fidelity"] = measure_fidelity(cfg, manifest, node, saved["seed"], generators, TensorSource(images, labels),
+                                         TensorSource(data.images, data.labels), device)
     save_tensors(folder / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
     record = file_record(folder / BUFFER)
-    saved["buffer"] = {"size": cfg.buffer_size, "sha256": record["sha256"]}
+    saved["buffer"] = {"size": cfg.buffer_size, "truncation": cfg.truncation, "sha256": record["sha256"]}
     saved["files"] = {**saved.get("files", {}), BUFFER: record}
     write_json(folder / "config.json", saved)
     console.out.print(f"node {node}: wrote a buffer of {cfg.buffer_size} images")

@@ -5,6 +5,11 @@ best-FID snapshot is the "standard GAN". Phase 2 fine-tunes from that snapshot w
 L_G - alpha * L_PP and stops when FID exceeds `fid_factor` times the best phase-1 FID (or at
 its iteration cap); its generator is the last snapshot whose FID was within the factor.
 Every random draw comes from the trainer's generator, keyed by (seed, node) by the caller.
+
+After StyleGAN2-ADA: lazy R1, an EMA generator whose half-life ramps up with the images seen,
+ADA, style-mixing regularisation (with probability `style_mixing` a batch's blocks take their w
+from two latents, split at a random block, so no block relies on its neighbours sharing a w), and
+each class's mean w tracked for truncation.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ class TrainSettings:
     lr: float = 0.0025
     r1_gamma: float = 0.05
     r1_every: int = 4  # lazy R1: every k-th D step, weighted by k
-    ema_kimg: float = 2.0  # EMA half-life in thousands of images (ramped up early on)
+    ema_kimg: float = 2.0  # EMA half-life in thousands of images, at most ema_rampup x the images seen
+    ema_rampup: float = 0.05
+    style_mixing: float = 0.9
     ada_target: float = 0.6
     ada_kimg: float = 20.0  # images (thousands) for p to travel from 0 to 1
     alpha: float = 1.0
@@ -91,6 +98,20 @@ class GanTrainer:
         pick = torch.randint(0, len(self.labels), (n,), generator=self.rng, device=self.rng.device).to(self.device)
         return self.labels[pick]
 
+    def _uniform(self) -> float:
+        return float(torch.rand((), generator=self.rng, device=self.rng.device))
+
+    def _generate(self, labels: torch.Tensor, track: bool = False) -> torch.Tensor:
+        """Training fakes from G, style-mixed with probability `style_mixing`."""
+        w = self.G.styles(self._randn(len(labels), self.arch.z_dim), labels)
+        if track:
+            self.G.track_w_avg(w, labels)
+        if self._uniform() < self.s.style_mixing and self.G.num_ws > 1:
+            cutoff = int(torch.randint(1, self.G.num_ws, (), generator=self.rng, device=self.rng.device))
+            other = self.G.styles(self._randn(len(labels), self.arch.z_dim), labels)
+            w = torch.stack([w if i < cutoff else other for i in range(self.G.num_ws)], dim=1)
+        return self.G.synthesis(w, generator=self.rng)
+
     # -- one iteration -----------------------------------------------------------------------
     def step(self, alpha: float = 0.0) -> dict[str, float]:
         """One D step and one G step; alpha > 0 adds the privacy loss to the G step."""
@@ -101,7 +122,7 @@ class GanTrainer:
         self.D.requires_grad_(True)
         fake_labels = self._fake_labels(b)
         with torch.no_grad():
-            fakes = self.G(self._randn(b, self.arch.z_dim), fake_labels, generator=self.rng)
+            fakes = self._generate(fake_labels, track=True)
         augmented_reals = ada.augment(reals, p, self.rng)
         fake_logits = self.D(ada.augment(fakes, p, self.rng), fake_labels)
         do_r1 = s.r1_gamma > 0 and self.iteration % s.r1_every == 0
@@ -117,7 +138,7 @@ class GanTrainer:
 
         self.D.requires_grad_(False)
         gen_labels = self._fake_labels(b)
-        fakes = self.G(self._randn(b, self.arch.z_dim), gen_labels, generator=self.rng)
+        fakes = self._generate(gen_labels)
         loss_g = losses.g_nonsaturating(self.D(ada.augment(fakes, p, self.rng), gen_labels))
         metrics = {"loss_g": loss_g.item(), "loss_d": loss_d.item(), "r1": r1.item() if do_r1 else math.nan,
                    "ada_p": p, "rt": self.ada.rt}
@@ -135,7 +156,7 @@ class GanTrainer:
         return metrics
 
     def _update_ema(self) -> None:
-        half_life = min(self.s.ema_kimg * 1000, self.images_seen * 0.05)
+        half_life = min(self.s.ema_kimg * 1000, self.images_seen * self.s.ema_rampup)
         beta = 0.5 ** (self.s.batch / max(half_life, 1e-8))
         with torch.no_grad():
             for p_ema, p in zip(self.G_ema.parameters(), self.G.parameters()):

@@ -335,6 +335,7 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
     gans = [g for s in subs for g in s.gans]
     if not gans:
         return Missing(title, "fedcli train-gan")
+    standalone = [own_scores(run.metrics, "accuracy") for s in subs if (run := s.run("standalone")) is not None]
     rows = {}
     for node in dict.fromkeys(g["node"] for g in gans):
         mine = [g for g in gans if g["node"] == node]
@@ -342,9 +343,35 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
                       "FID privacy": Stat.of([g["phase2"]["fid"] for g in mine]),
                       "iterations": f"{mine[0]['phase1']['iterations']} + {mine[0]['phase2']['iterations']}",
                       "buffer": str(mine[0]["buffer"]["size"])}
-    return ReportTable("gan_summary", title, pd.DataFrame(rows).T,
-                       f"{gans[0]['metric_names']['fid']}; the privacy generator trades FID for distance to the "
-                       "real images", rows_are="node")
+        scored = [g["fidelity"] for g in mine if g.get("fidelity")]
+        if scored:
+            rows[node] |= {"fidelity ratio": Stat.of([f["ratio"] for f in scored]),
+                           "ratio standard": Stat.of([f["phase1"]["ratio"] for f in scored]),
+                           "synthetic acc": Stat.of([f["synthetic_accuracy"] for f in scored]),
+                           "real acc": Stat.of([f["real_accuracy"] for f in scored]),
+                           "class fidelity": Stat.of([f["class_fidelity"] for f in scored])}
+        if standalone:
+            rows[node]["standalone acc"] = Stat.of([sc.get(node) for sc in standalone])
+    note = (f"{gans[0]['metric_names']['fid']}; the privacy generator trades FID for distance to the real images. "
+            "Fidelity (no pretrained network): the federate classifier trained on the released buffer only "
+            "(synthetic acc) or on the node's real training images (real acc), both tested on the node's real "
+            "test images, mean of the classifier seeds; ratio = synthetic / real, for the released buffer and for "
+            "the standard (phase 1) generator; class fidelity = the real classifier's accuracy on the buffer.")
+    settings = gans[0].get("settings")
+    if settings:
+        note += " " + settings_note(settings, gans[0]["config"], gans[0]["buffer"].get("truncation", 1.0))
+    return ReportTable("gan_summary", title, pd.DataFrame(rows).T, note, rows_are="node")
+
+
+def settings_note(settings: dict, config: dict, truncation: float) -> str:
+    """The generator's training settings, each `auto` shown with the value it resolved to."""
+    def shown(name: str, label: str) -> str:
+        value = settings[name]
+        return f"{label} {value:.4g}" + (" (auto)" if config.get(name) == "auto" else "")
+
+    return ("Settings: " + ", ".join([shown("r1_gamma", "R1 gamma"), shown("ada_kimg", "ADA kimg"),
+                                      shown("ema_kimg", "EMA half-life kimg"), shown("style_mixing", "style mixing")])
+            + f", buffer truncation {truncation:g}.")
 
 
 def headline(subs: list[SubExperiment], metric: str) -> Built:

@@ -1,0 +1,92 @@
+"""How well a synthetic buffer stands in for the real images, with no pretrained network.
+
+The score replays what federate will do with the buffer: the recipe's classifier (model, lr, batch,
+number of steps) is trained on the buffer only and tested on the node's real *test* images
+(synthetic accuracy, "GAN-train" of Shmelkov et al. 2018), and the same classifier is trained on
+the node's real training images and tested on the same images (real accuracy, the standalone
+strategy's number). ratio = synthetic / real. The real classifier's accuracy on the buffer itself
+(class fidelity, "GAN-test") tells whether each synthetic image looks like its label. Every number
+is the mean over `seeds` classifiers; classifier k starts from the same weights and the same number
+of steps on either side, so the two sides differ only in their data.
+
+A score tested on images the buffer holds would be meaningless, so a buffer that contains any of
+the test images (other than ones that also occur among the training images) is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from fedcli.errors import UserError
+from fedcli.fl.evaluate import predict
+from fedcli.fl.local import LocalSettings, TensorSource, train_local
+from fedcli.models.classifier import build_classifier
+from fedcli.rng import stream_seed, torch_stream
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The classifier and its training budget: federate's, so the score predicts replay."""
+
+    model: str = "cnn"
+    epochs: int = 11  # over the node's real training images; the buffer gets the same number of steps
+    lr: float = 1e-3
+    batch: int = 32
+    seeds: int = 3
+    augment: tuple[str, ...] = ()
+
+
+def accuracy(model: torch.nn.Module, source: TensorSource, device: str) -> float:
+    probs = predict(model, source.images, device)
+    return float((probs.argmax(axis=1) == source.labels.numpy()).mean())
+
+
+def image_keys(images: torch.Tensor) -> set[bytes]:
+    return {bytes(image.numpy().tobytes()) for image in images.cpu()}
+
+
+def check_not_tested_on(buffers: dict[str, TensorSource], train: TensorSource, test: TensorSource, node: str) -> None:
+    """Refuse a buffer holding test images: its classifier would be tested on what it trained on."""
+    leaked = image_keys(test.images) - image_keys(train.images)
+    for name, buffer in buffers.items():
+        held = sum(bytes(image.numpy().tobytes()) in leaked for image in buffer.images.cpu())
+        if held:
+            raise UserError(f"node {node}'s {name} buffer holds {held} of the node's test images, so its fidelity "
+                            "would be measured on images it was trained on; the generator must be trained on the "
+                            "node's training images only")
+
+
+def score(buffers: dict[str, TensorSource], train: TensorSource, test: TensorSource, budget: Budget, *,
+          in_channels: int, num_classes: int, seed: int, node: str, device: str = "cpu") -> dict[str, dict]:
+    """Per buffer name: synthetic_accuracy, real_accuracy, ratio and class_fidelity (means over seeds)."""
+    check_not_tested_on(buffers, train, test, node)
+    settings = LocalSettings(epochs=budget.epochs, lr=budget.lr, batch=budget.batch, augment=budget.augment)
+
+    def trained(source: TensorSource, k: int) -> tuple[torch.nn.Module, int]:
+        """Classifier k on `source`, for as many steps as an epoch of the real images gives, x epochs."""
+        model = build_classifier(budget.model, in_channels, num_classes, stream_seed(seed, node, "fidelity-init", k))
+        model = model.to(device)
+        steps = train_local(model, source, None, settings, torch_stream(seed, node, "fidelity", k), device,
+                            epoch_size=len(train))
+        return model, steps
+
+    real, synthetic, class_fidelity = [], {name: [] for name in buffers}, {name: [] for name in buffers}
+    steps = {}
+    for k in range(budget.seeds):
+        model, _ = trained(train, k)
+        real.append(accuracy(model, test, device))
+        for name, buffer in buffers.items():
+            class_fidelity[name].append(accuracy(model, buffer, device))
+            synthetic_model, steps[name] = trained(buffer, k)
+            synthetic[name].append(accuracy(synthetic_model, test, device))
+    real_accuracy = float(np.mean(real))
+    out = {}
+    for name in buffers:
+        synthetic_accuracy = float(np.mean(synthetic[name]))
+        out[name] = {"synthetic_accuracy": synthetic_accuracy, "real_accuracy": real_accuracy,
+                     "ratio": synthetic_accuracy / real_accuracy if real_accuracy > 0 else float("nan"),
+                     "class_fidelity": float(np.mean(class_fidelity[name])), "steps": steps[name]}
+    return out
