@@ -117,7 +117,9 @@ class Recipe:
         """Each stage's config for one sub-experiment folder; an error names the table (and sub-experiment)."""
         tables = point.tables(self.stages)
         configs = {}
-        for table, config in STAGE_CLASSES.items():
+        # train_gan's fidelity budget comes from [federate]: a bad federate value is named there, not as train_gan's
+        for table in sorted(STAGE_CLASSES, key=lambda name: name == "train_gan"):
+            config = STAGE_CLASSES[table]
             try:
                 configs[table] = config(exp=exp, **tables[table])
             except UserError as exc:
