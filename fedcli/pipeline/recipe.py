@@ -69,7 +69,6 @@ class Recipe:
             values = stage_values(config, table, raw.get(table, {}), origin)
             check_run_keys(table, values, origin)
             stages[table] = values
-        stages["train_gan"] = fidelity_budget(stages["train_gan"], stages["federate"])
         recipe = cls(Path(path), stages, parse_sweep(raw.get("sweep", {}), origin), parse_select(raw.get("select", {}),
                                                                                                  origin))
         recipe.check(origin)
@@ -117,9 +116,7 @@ class Recipe:
         """Each stage's config for one sub-experiment folder; an error names the table (and sub-experiment)."""
         tables = point.tables(self.stages)
         configs = {}
-        # train_gan's fidelity budget comes from [federate]: a bad federate value is named there, not as train_gan's
-        for table in sorted(STAGE_CLASSES, key=lambda name: name == "train_gan"):
-            config = STAGE_CLASSES[table]
+        for table, config in STAGE_CLASSES.items():
             try:
                 configs[table] = config(exp=exp, **tables[table])
             except UserError as exc:
@@ -131,19 +128,6 @@ class Recipe:
         """The [select] grid points that make a difference to `strategy`."""
         keys = [k for k in SELECT_KEYS if k in self.select and strategy in SELECT_ONLY_FOR.get(k, {strategy})]
         return [dict(zip(keys, combo)) for combo in itertools.product(*(self.select[k] for k in keys))]
-
-
-def fidelity_budget(gan: dict[str, Any], fed: dict[str, Any]) -> dict[str, Any]:
-    """train-gan's fidelity classifier is federate's (model, lr, batch, and the standalone strategy's
-    epochs: init epochs + rounds x epochs) unless the recipe sets it; a sweep or grid over federate
-    options leaves it at the base table's values, so the GANs are shared across the sweep."""
-    def value(name: str) -> Any:
-        return fed.get(name, getattr(FederateConfig, name))
-
-    init = fed.get("init_epochs") if fed.get("init_epochs") is not None else value("epochs")
-    derived = {"fidelity_model": value("model"), "fidelity_lr": value("lr"), "fidelity_batch": value("batch"),
-               "fidelity_epochs": init + value("rounds") * value("epochs")}
-    return derived | gan
 
 
 def check_run_keys(table: str, values: dict[str, Any], origin: str) -> None:
