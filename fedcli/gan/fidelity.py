@@ -44,15 +44,15 @@ def accuracy(model: torch.nn.Module, source: TensorSource, device: str) -> float
     return float((probs.argmax(axis=1) == source.labels.numpy()).mean())
 
 
-def image_keys(images: torch.Tensor) -> set[bytes]:
-    return {bytes(image.numpy().tobytes()) for image in images.cpu()}
+def image_keys(images: torch.Tensor) -> list[bytes]:
+    return [image.numpy().tobytes() for image in images.cpu()]
 
 
 def check_not_tested_on(buffers: dict[str, TensorSource], train: TensorSource, test: TensorSource, node: str) -> None:
     """Refuse a buffer holding test images: its classifier would be tested on what it trained on."""
-    leaked = image_keys(test.images) - image_keys(train.images)
+    leaked = set(image_keys(test.images)) - set(image_keys(train.images))
     for name, buffer in buffers.items():
-        held = sum(bytes(image.numpy().tobytes()) in leaked for image in buffer.images.cpu())
+        held = sum(key in leaked for key in image_keys(buffer.images))
         if held:
             raise UserError(f"node {node}'s {name} buffer holds {held} of the node's test images, so its fidelity "
                             "would be measured on images it was trained on; the generator must be trained on the "

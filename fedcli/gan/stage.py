@@ -67,20 +67,21 @@ def fidelity_budget(cfg: GanConfig, manifest: Manifest) -> fidelity.Budget:
                            augment=tuple(manifest.data.get("augment", ())))
 
 
-def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, generators: dict, buffer: TensorSource,
-                     train: TensorSource, device: str) -> dict | None:
+def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, classes: list[int], generators: dict,
+                     buffer: TensorSource, train: TensorSource, device: str) -> dict | None:
     """The released buffer's fidelity, with the standard (phase 1) generator's alongside under `phase1`;
     None when --fidelity-seeds is 0."""
     if not cfg.fidelity_seeds:
         return None
     test = NodeDataset(manifest, node, "test")
-    standard = TensorSource(*sample_buffer(generators["phase1"], node_classes(manifest, node), cfg.buffer_size, seed,
-                                           node, device, cfg.truncation))
+    standard = TensorSource(*sample_buffer(generators["phase1"], classes, cfg.buffer_size, seed, node, device,
+                                           cfg.truncation))
+    budget = fidelity_budget(cfg, manifest)
     scores = fidelity.score({"released": buffer, "phase1": standard}, train, TensorSource(test.images, test.labels),
-                            fidelity_budget(cfg, manifest), in_channels=manifest["channels"],
-                            num_classes=manifest.num_classes, seed=seed, node=node, device=device)
+                            budget, in_channels=manifest["channels"], num_classes=manifest.num_classes, seed=seed,
+                            node=node, device=device)
     return scores["released"] | {"phase1": scores["phase1"], "test_images": len(test),
-                                 "classifier": dataclasses.asdict(fidelity_budget(cfg, manifest))}
+                                 "classifier": dataclasses.asdict(budget)}
 
 
 @with_threads
@@ -136,7 +137,7 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
         generators[name] = Generator(arch).to(device)
         generators[name].load_state_dict(result.generator)
     images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, seed, node, device, cfg.truncation)
-    fidelity_scores = measure_fidelity(cfg, manifest, node, seed, generators, TensorSource(images, labels),
+    fidelity_scores = measure_fidelity(cfg, manifest, node, seed, classes, generators, TensorSource(images, labels),
                                        TensorSource(data.images, data.labels), device)
     names = metric_names(perceptual, features)
     with staged_output(gan_dir(cfg.exp, node), cfg.overwrite) as out:
@@ -213,8 +214,8 @@ def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: s
     images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, saved["seed"], node, device,
                                    cfg.truncation)
     data = NodeDataset(manifest, node, "train")
-    saved["fidelity"] = measure_fidelity(cfg, manifest, node, saved["seed"], generators, TensorSource(images, labels),
-                                         TensorSource(data.images, data.labels), device)
+    saved["fidelity"] = measure_fidelity(cfg, manifest, node, saved["seed"], classes, generators,
+                                         TensorSource(images, labels), TensorSource(data.images, data.labels), device)
     save_tensors(folder / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
     record = file_record(folder / BUFFER)
     saved["buffer"] = {"size": cfg.buffer_size, "truncation": cfg.truncation, "sha256": record["sha256"]}
