@@ -9,7 +9,9 @@ from sklearn.datasets import load_digits
 
 from fedcli.errors import UserError
 from fedcli.fl.local import TensorSource
-from fedcli.gan.fidelity import Budget, score
+from fedcli.data.dataset import to_float
+from fedcli.gan import fid
+from fedcli.gan.fidelity import Budget, score, train_classifier
 
 BUDGET = Budget(epochs=4, seeds=2)
 
@@ -68,3 +70,20 @@ def test_test_images_that_also_occur_among_the_training_images_are_not_a_leak(di
     train = TensorSource(torch.cat([train.images, shared]), torch.cat([train.labels, test.labels[:5]]))
     result = scored({"b": TensorSource(shared, test.labels[:5])}, train, test)["b"]
     assert 0 <= result["ratio"]
+
+
+def test_offline_fid_space_is_a_classifier_of_the_nodes_images_and_sees_missing_classes(digits):
+    """The Inception-free FID: held-out real images sit close, a generator that lost 8 of 10 classes far."""
+    train, test = digits
+    classifier, _ = train_classifier(train, BUDGET, len(train), 1, 10, (0, "node0", "fid-features"))
+    space = fid.classifier_space(classifier)
+    assert (space.name, space.calibrated) == ("cnn-node", False)
+
+    def distance(images: torch.Tensor) -> float:
+        stats = [fid.statistics(space.embed(to_float(x))) for x in (train.images, images)]
+        return fid.frechet_distance(*stats)
+
+    two_classes = train.images[train.labels < 2]
+    noise = torch.randint(0, 256, (150, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    held_out, collapsed, random = distance(test.images), distance(two_classes), distance(noise)
+    assert held_out < collapsed / 3 and held_out < random / 3

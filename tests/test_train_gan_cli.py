@@ -33,16 +33,16 @@ def test_every_node_gets_generators_buffer_metrics_samples_and_config(gan_exp):
         assert config["inputs"]["manifest"] == manifest["content_hash"]
         assert config["architecture"]["resolution"] == 16 and config["config"]["iterations"] == 12
         assert config["lpips"] == {"net": "alex", "name": "alex-random", "calibrated": False}
-        assert config["fid"] == {"name": "alex-random", "calibrated": False}
+        assert config["fid"] == {"name": "cnn-node", "calibrated": False}
 
 
 def test_metrics_name_the_networks_behind_them(gan_exp):
     metrics = pd.read_csv(gan_exp / "gan" / "node0" / "metrics.csv")
-    assert {"fid[alex-random]", "l_pp[alex-random]", "lpips_mean[alex-random]", "ada_p"} <= set(metrics.columns)
+    assert {"fid[cnn-node]", "l_pp[alex-random]", "lpips_mean[alex-random]", "ada_p"} <= set(metrics.columns)
     assert set(metrics["phase"]) == {1, 2}
     assert metrics[metrics["phase"] == 1]["l_pp[alex-random]"].isna().all()
     assert metrics[metrics["phase"] == 2]["l_pp[alex-random]"].notna().all()
-    assert metrics["fid[alex-random]"].notna().sum() >= 2
+    assert metrics["fid[cnn-node]"].notna().sum() >= 2
 
 
 def test_buffer_is_uint8_exact_size_class_interleaved_and_pickle_free(gan_exp):

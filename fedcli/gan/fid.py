@@ -1,59 +1,77 @@
 """Fréchet distance between real and generated images in a feature space.
 
 Inception-v3 (torchvision's ImageNet weights, from `--fid-weights` or the torch hub cache) when
-available, named `inception`; otherwise the LPIPS backbone's pooled deepest features at no extra
-cost, named after it (`vgg-random`, ...), divided by the real features' spread (so the value
-reads in units of the real data's variance), and uncalibrated: comparable within a run (early
-stopping), not with published FIDs.
+available, named `inception`. Otherwise the penultimate features of a small CNN trained on the
+node's own training images, named `cnn-node` (the domain-classifier FID used for digit GANs,
+where Inception's ImageNet features say little): it sees the classes and the scanner, it is not
+the LPIPS network the privacy loss pushes against (so L_PP cannot move FID by moving that
+network's features), and its 128 features are few enough for 256 images to estimate their
+covariance. Uncalibrated: comparable within a node's run (selection and stopping), not with
+published FIDs or across nodes.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import scipy.linalg
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from fedcli.gan.perceptual import Perceptual, warn_fallback
+from fedcli.gan.perceptual import warn_fallback
 from fedcli.weights import hub_checkpoint, load_state
 
 INCEPTION_FILE = "inception_v3_google-0cc3c7bd.pth"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+CLASSIFIER_NAME = "cnn-node"
 
 
 class FeatureSpace:
-    def __init__(self, perceptual: Perceptual, weights: Path | None = None, device: str = "cpu"):
-        source = weights or hub_checkpoint(INCEPTION_FILE)
-        self.inception = None
-        if source is not None:
-            from torchvision.models import inception_v3
+    """`embed(images)`: features of float images in [-1, 1], without gradients."""
 
-            net = inception_v3(weights=None, aux_logits=True, init_weights=False)
-            net.load_state_dict(load_state(Path(source), "Inception weights"))
-            net.fc = torch.nn.Identity()
-            self.inception = net.eval().requires_grad_(False).to(device)
-            self.name, self.calibrated = "inception", True
-        else:
-            self.name, self.calibrated = perceptual.name, False
-            warn_fallback(f"fid-{self.name}", f"no Inception weights for FID (pass --fid-weights or put "
-                          f"{INCEPTION_FILE} in the torch hub cache); FID uses the LPIPS backbone's pooled "
-                          f"features, named 'fid[{self.name}]', uncalibrated")
-        self.perceptual = perceptual
+    def __init__(self, embed: Callable[[torch.Tensor], torch.Tensor], name: str, calibrated: bool):
+        self._embed, self.name, self.calibrated = embed, name, calibrated
 
     @torch.no_grad()
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Features of float images in [-1, 1]."""
-        if self.inception is None:
-            return self.perceptual.pooled(images)
+        return self._embed(images)
+
+
+def inception_space(weights: Path | None, device: str = "cpu") -> FeatureSpace | None:
+    """Inception-v3's pool features from `weights` or the hub cache; None (and a warning) when absent."""
+    source = weights or hub_checkpoint(INCEPTION_FILE)
+    if source is None:
+        warn_fallback("fid-classifier", f"no Inception weights for FID (pass --fid-weights or put {INCEPTION_FILE} "
+                      "in the torch hub cache); FID uses the features of a small CNN trained on each node's "
+                      f"training images, named 'fid[{CLASSIFIER_NAME}]', uncalibrated")
+        return None
+    from torchvision.models import inception_v3
+
+    # the ImageNet weights expect transform_input (their own input normalisation) on
+    net = inception_v3(weights=None, aux_logits=True, init_weights=False, transform_input=True)
+    net.load_state_dict(load_state(Path(source), "Inception weights"))
+    net.fc = nn.Identity()
+    net = net.eval().requires_grad_(False).to(device)
+
+    def embed(images: torch.Tensor) -> torch.Tensor:
         x = images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
         x = F.interpolate((x + 1) / 2, size=(299, 299), mode="bilinear", align_corners=False)
         mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
         std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
-        return self.inception((x - mean) / std)
+        return net((x - mean) / std)
+
+    return FeatureSpace(embed, "inception", True)
+
+
+def classifier_space(classifier: nn.Module) -> FeatureSpace:
+    """The penultimate features (`classifier.features`) of a trained SmallCNN, in eval mode."""
+    classifier = classifier.eval().requires_grad_(False)
+    return FeatureSpace(classifier.features, CLASSIFIER_NAME, False)
 
 
 def statistics(features: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

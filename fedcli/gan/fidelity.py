@@ -59,19 +59,28 @@ def check_not_tested_on(buffers: dict[str, TensorSource], train: TensorSource, t
                             "node's training images only")
 
 
+def train_classifier(source: TensorSource, budget: Budget, epoch_size: int, in_channels: int, num_classes: int,
+                     key: tuple, device: str = "cpu") -> tuple[torch.nn.Module, int]:
+    """budget.model trained on `source` for budget.epochs epochs of `epoch_size` images; initialised and
+    drawn from streams keyed by `key` (seed, node, purpose, ...), so both sides of a comparison can share
+    them. Returns the model and its number of steps."""
+    seed, node, purpose, *rest = key
+    model = build_classifier(budget.model, in_channels, num_classes, stream_seed(seed, node, f"{purpose}-init", *rest))
+    model = model.to(device)
+    settings = LocalSettings(epochs=budget.epochs, lr=budget.lr, batch=budget.batch, augment=budget.augment)
+    steps = train_local(model, source, None, settings, torch_stream(seed, node, purpose, *rest), device,
+                        epoch_size=epoch_size)
+    return model, steps
+
+
 def score(buffers: dict[str, TensorSource], train: TensorSource, test: TensorSource, budget: Budget, *,
           in_channels: int, num_classes: int, seed: int, node: str, device: str = "cpu") -> dict[str, dict]:
     """Per buffer name: synthetic_accuracy, real_accuracy, ratio and class_fidelity (means over seeds)."""
     check_not_tested_on(buffers, train, test, node)
-    settings = LocalSettings(epochs=budget.epochs, lr=budget.lr, batch=budget.batch, augment=budget.augment)
 
     def trained(source: TensorSource, k: int) -> tuple[torch.nn.Module, int]:
-        """Classifier k on `source`, for as many steps as an epoch of the real images gives, x epochs."""
-        model = build_classifier(budget.model, in_channels, num_classes, stream_seed(seed, node, "fidelity-init", k))
-        model = model.to(device)
-        steps = train_local(model, source, None, settings, torch_stream(seed, node, "fidelity", k), device,
-                            epoch_size=len(train))
-        return model, steps
+        return train_classifier(source, budget, len(train), in_channels, num_classes, (seed, node, "fidelity", k),
+                                device)
 
     real, synthetic, class_fidelity = [], {name: [] for name in buffers}, {name: [] for name in buffers}
     steps = {}

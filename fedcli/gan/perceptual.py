@@ -113,7 +113,3 @@ class Perceptual(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Distances between matching pairs x[i], y[i]."""
         return self.paired(self.features(x), self.features(y))
-
-    def pooled(self, x: torch.Tensor) -> torch.Tensor:
-        """Spatially averaged deepest features: the Inception-free FID embedding."""
-        return self._backbone(x)[-1].mean(dim=(2, 3))

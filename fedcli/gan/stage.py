@@ -28,7 +28,7 @@ from fedcli.errors import UserError
 from fedcli.fl.local import TensorSource
 from fedcli.gan import fidelity
 from fedcli.gan.buffer import sample_buffer
-from fedcli.gan.fid import FeatureSpace
+from fedcli.gan import fid
 from fedcli.gan.networks import Architecture, Generator
 from fedcli.gan.perceptual import Perceptual
 from fedcli.gan.progress import TrainingProgress
@@ -65,6 +65,16 @@ def fidelity_budget(cfg: GanConfig, manifest: Manifest) -> fidelity.Budget:
     return fidelity.Budget(model=cfg.fidelity_model, epochs=cfg.fidelity_epochs, lr=cfg.fidelity_lr,
                            batch=cfg.fidelity_batch, seeds=cfg.fidelity_seeds,
                            augment=tuple(manifest.data.get("augment", ())))
+
+
+def node_feature_space(cfg: GanConfig, manifest: Manifest, node: str, seed: int, train: TensorSource,
+                       device: str) -> fid.FeatureSpace:
+    """FID's offline feature space: a SmallCNN trained on the node's training images with the fidelity
+    score's lr, batch and epochs."""
+    budget = dataclasses.replace(fidelity_budget(cfg, manifest), model="cnn")
+    classifier, _ = fidelity.train_classifier(train, budget, len(train), manifest["channels"], manifest.num_classes,
+                                              (seed, node, "fid-features"), device)
+    return fid.classifier_space(classifier)
 
 
 def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, classes: list[int], generators: dict,
@@ -104,8 +114,8 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> list[dict
         check_output_free(gan_dir(cfg.exp, node), cfg.overwrite)
         check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
     perceptual = Perceptual(cfg.lpips_net, cfg.lpips_weights).to(device)
-    features = FeatureSpace(perceptual, cfg.fid_weights, device)
-    return [train_node(cfg, manifest, node, seed, arch, perceptual, features, device) for node in nodes]
+    inception = fid.inception_space(cfg.fid_weights, device)
+    return [train_node(cfg, manifest, node, seed, arch, perceptual, inception, device) for node in nodes]
 
 
 def node_classes(manifest: Manifest, node: str) -> list[int]:
@@ -119,9 +129,11 @@ def check_buffer_size(size: int, classes: list[int], node: str) -> None:
 
 
 def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: Architecture,
-               perceptual: Perceptual, features: FeatureSpace, device: str) -> dict:
+               perceptual: Perceptual, inception: fid.FeatureSpace | None, device: str) -> dict:
     data = NodeDataset(manifest, node, "train")
     classes = node_classes(manifest, node)
+    train = TensorSource(data.images, data.labels)
+    features = inception or node_feature_space(cfg, manifest, node, seed, train, device)
     stream = torch.Generator(device=device)
     stream.manual_seed(stream_seed(seed, node, "train-gan"))
     trainer = GanTrainer(arch, settings(cfg, arch.resolution), to_float(data.images), data.labels, perceptual,
@@ -138,7 +150,7 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
         generators[name].load_state_dict(result.generator)
     images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, seed, node, device, cfg.truncation)
     fidelity_scores = measure_fidelity(cfg, manifest, node, seed, classes, generators, TensorSource(images, labels),
-                                       TensorSource(data.images, data.labels), device)
+                                       train, device)
     names = metric_names(perceptual, features)
     with staged_output(gan_dir(cfg.exp, node), cfg.overwrite) as out:
         save_tensors(out / GENERATOR, phase2.generator, {"phase": "2", "node": node})
@@ -169,8 +181,8 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
 
 
 
-def metric_names(perceptual: Perceptual, features: FeatureSpace) -> dict[str, str]:
-    """Column names that carry the network behind each number, e.g. `fid[alex-random]`."""
+def metric_names(perceptual: Perceptual, features: fid.FeatureSpace) -> dict[str, str]:
+    """Column names that carry the network behind each number, e.g. `fid[cnn-node]`."""
     return {"l_pp": f"l_pp[{perceptual.name}]", "lpips_mean": f"lpips_mean[{perceptual.name}]",
             "fid": f"fid[{features.name}]"}
 
