@@ -28,6 +28,8 @@ channel-max = 16
 z-dim = 16
 w-dim = 16
 buffer-size = 20
+fidelity-epochs = 1
+fidelity-seeds = 1
 
 [federate]
 strategy = [{strategies}]

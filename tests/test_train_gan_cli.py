@@ -69,7 +69,8 @@ def test_same_seed_same_buffer_bytes_and_one_node_alone_equals_all(gan_exp, tmp_
 def test_sample_only_writes_a_prefix_stable_buffer_of_another_size(gan_exp, tmp_path):
     exp = copy_exp(gan_exp, tmp_path)
     cli = Cli()
-    cli.ok("train-gan", "--exp", exp, "--node", "node0", "--sample-only", "--buffer-size", "100")
+    cli.ok("train-gan", "--exp", exp, "--node", "node0", "--sample-only", "--buffer-size", "100",
+           "--fidelity-epochs", "1", "--fidelity-seeds", "1")
     with safe_open(str(exp / "gan" / "node0" / "buffer.safetensors"), framework="pt") as big:
         images = big.get_tensor("images")
     with safe_open(str(gan_exp / "gan" / "node0" / "buffer.safetensors"), framework="pt") as small:
