@@ -5,7 +5,8 @@
    a bare loop doing the identical optimiser steps (same models, same b real + b buffer batches,
    same number of steps) on the same tensors, without serialization, validation, PNG coding,
    checkpoints or evaluation. The digits file is read before both timings; fedcli's time still
-   includes decoding the nodes' images. Ratio = fedcli / bare; target <= 1.10.
+   includes decoding the nodes' images. Ratio = fedcli / bare; target <= 1.10. The bare loop also
+   runs in contiguous (NCHW) layout: channels-last / NCHW is what fedcli's training layout saves.
 2. Bytes each node sends per round at the study's scale (256x256, buffer 512, ResNet-18), from the
    real payload encoders: FedAvg (model up + global model down), FedER (model + buffer), FedER-A
    (buffer). Buffers as PNG (lossless) and raw; the PNG size depends on the images, so real
@@ -37,11 +38,12 @@ from fedcli.models.classifier import build_classifier
 SHARED_NPZ = Path(__file__).resolve().parents[2] / "shared" / "data" / "medmnist" / "pneumoniamnist.npz"
 
 
-def bare_feder(fed_inputs, rounds: int, epochs: int, batch: int, lr: float) -> None:
-    """The same optimiser steps FedER takes, on plain tensors."""
+def bare_feder(fed_inputs, rounds: int, epochs: int, batch: int, lr: float,
+               layout: torch.memory_format = torch.channels_last) -> None:
+    """The same optimiser steps FedER takes, on plain tensors, with weights and batches in `layout`."""
     reals, buffers = fed_inputs
     nodes = list(reals)
-    models = {n: build_classifier("cnn", 1, 10, init_seed=i) for i, n in enumerate(nodes)}
+    models = {n: build_classifier("cnn", 1, 10, init_seed=i).to(memory_format=layout) for i, n in enumerate(nodes)}
 
     def train(model, real, replay, n_epochs):
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -56,7 +58,7 @@ def bare_feder(fed_inputs, rounds: int, epochs: int, batch: int, lr: float) -> N
                 if replay is not None:
                     r = torch.randint(0, len(replay[1]), (len(index),))
                     x, y = torch.cat([x, to_float(replay[0][r])]), torch.cat([y, replay[1][r]])
-                logits = model(x)
+                logits = model(x.contiguous(memory_format=layout))
                 n = len(index)
                 loss = F.cross_entropy(logits[:n], y[:n])
                 if replay is not None:
@@ -95,11 +97,18 @@ def bench_engine(rounds: int = 10, epochs: int = 1) -> None:
         for n in manifest.node_names:
             b = stage.load_buffer(exp, manifest, n, None, "feder")
             buffers[n] = (b.images, b.labels)
-        start = time.perf_counter()
-        bare_feder((reals, buffers), rounds, epochs, 32, 1e-3)
-        t_bare = time.perf_counter() - start
+        t_bare, t_nchw = (timed(lambda: bare_feder((reals, buffers), rounds, epochs, 32, 1e-3, layout))
+                          for layout in (torch.channels_last, torch.contiguous_format))
     print(f"feder, 3 digits nodes, {rounds} rounds x {epochs} epoch, cnn, batch 32+32, 2 threads:")
     print(f"  bare loop {t_bare:.2f} s, fedcli federate {t_fedcli:.2f} s, ratio {t_fedcli / t_bare:.2f}")
+    print(f"  layout: bare loop channels-last (fedcli's) {t_bare:.2f} s, contiguous NCHW {t_nchw:.2f} s, "
+          f"ratio {t_bare / t_nchw:.2f}")
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def xray_stand_ins(n: int, size: int, channels: int) -> torch.Tensor:

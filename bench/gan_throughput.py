@@ -163,6 +163,7 @@ def main() -> None:
     print(f"{STEPS} iterations each, batch 32, 2 threads, {torch.__version__}, "
           f"device cpu")
     bench_training(32, 512, 64, perceptual, PIXELS)  # the quick configuration
+    bench_training(16, 512, 64, perceptual, PIXELS)  # the quickstart
     bench_training(64, 1024, 64, perceptual, PIXELS)
     bench_sampling(perceptual)
     if "--fidelity" in sys.argv:

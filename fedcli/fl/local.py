@@ -85,6 +85,14 @@ def train_local(model: nn.Module, primary: TensorSource, replay: TensorSource | 
     of them), drawn without replacement across epochs, so two sources of different sizes can be given
     the same number of steps."""
     model.train()
+    model.to(memory_format=torch.channels_last)  # oneDNN's fast layout: ~20% less per CPU step (bench)
+    try:
+        return _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size)
+    finally:
+        model.to(memory_format=torch.contiguous_format)  # what every reader of the weights expects
+
+
+def _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     replayer = Cycler(replay, generator) if replay is not None and len(replay) else None
     primary_draws = Cycler(primary, generator)
@@ -107,7 +115,7 @@ def train_local(model: nn.Module, primary: TensorSource, replay: TensorSource | 
                 x = augment_batch(x, settings.augment, generator)
             if on_batch is not None:
                 on_batch(x, labels, n_primary)
-            x, labels = x.to(device), labels.to(device)
+            x, labels = x.to(device).contiguous(memory_format=torch.channels_last), labels.to(device)
             loss = replay_loss(model(x), labels, n_primary, settings.lam)
             if anchor is not None:
                 loss = loss + proximal_term(model, anchor, settings.mu)
