@@ -20,7 +20,7 @@ from typing import Any
 
 from fedcli.artifacts import OLD, STAGING, parse_tensors, read_json, sha256_bytes, sha256_file
 from fedcli.errors import UserError
-from fedcli.layout import BUFFER, GENERATOR, GENERATOR_PHASE1, inside
+from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, inside
 
 CONFIG = "config.json"
 SUB_EXPERIMENTS = ("runs", "select")  # <exp>/runs/<point>/ and <exp>/select/<point>/ hold whole experiments
@@ -53,7 +53,7 @@ KINDS: tuple[Kind, ...] = (
                         "audit/*/config.json"),
          "valid JSON; the inputs it names still hash to what it recorded (stale_inputs: fedcli run, report)"),
     Kind("partition summary", ("partition/summary.csv", "partition/summary.png"), ""),
-    Kind("generator", ("gan/*/" + GENERATOR, "gan/*/" + GENERATOR_PHASE1),
+    Kind("generator", ("gan/*/" + GENERATOR, "gan/*/" + GENERATOR_PHASE1, "gan/*/" + GENERATOR_CONTROL),
          f"{RECORDED}; metadata names its node; tensors fit the architecture; finite values", recorded=True),
     Kind("buffer", ("gan/*/" + BUFFER,),
          f"{RECORDED}; metadata names its node and partition; uint8 images (N, C, S, S); one int64 label per "
@@ -233,7 +233,8 @@ def config_root(config: Path) -> Path | None:
     return next((p for p in Path(config).parents if (p / "partition" / "manifest.json").is_file()), None)
 
 
-AUDITED = {"standard": GENERATOR_PHASE1, "privacy": GENERATOR, "buffer": BUFFER}  # audit/<node>'s input names
+# audit/<node>'s input names
+AUDITED = {"standard": GENERATOR_PHASE1, "control": GENERATOR_CONTROL, "privacy": GENERATOR, "buffer": BUFFER}
 
 
 def input_file(key: str, folder: Path, root: Path) -> Path | None:

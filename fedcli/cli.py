@@ -11,8 +11,8 @@ from typer.core import TyperGroup
 
 from fedcli import __version__, console
 from fedcli.config import (AuditConfig, BufferCodec, Device, Engine, FederateConfig, GanConfig, Launch, LpipsNet,
-                           Metric, ModelName, PartitionConfig, PredictConfig, ReportConfig, Scheme, Source, Task,
-                           number_or_keyword, resolve)
+                           Metric, ModelName, PartitionConfig, PredictConfig, PrivacyLoss, ReportConfig, Scheme, Source,
+                           Task, number_or_keyword, resolve)
 from fedcli.errors import UserError, environment_message
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
@@ -139,6 +139,9 @@ def train_gan(
     fid_images: int = typer.Option(GanConfig.fid_images, help="Generated (and at most real) images per FID evaluation."),
     fid_factor: float = typer.Option(GanConfig.fid_factor, help="Phase 2 stops when FID exceeds this times the best phase-1 FID."),
     alpha: float = typer.Option(GanConfig.alpha, help="Weight of the privacy loss: G minimises L_G - alpha * L_PP."),
+    privacy_loss: PrivacyLoss = typer.Option(GanConfig.privacy_loss, help="L_PP: all-pairs (the study: each synthetic "
+                                             "image's mean LPIPS to the batch's real images) or nearest (its LPIPS "
+                                             "to its nearest real training image)."),
     batch: int = typer.Option(GanConfig.batch, help="Real and synthetic images per step (L_PP grows with it)."),
     lr: float = typer.Option(GanConfig.lr, help="Adam learning rate of G and D."),
     r1_gamma: str = typer.Option(GanConfig.r1_gamma, parser=number_or_keyword,
@@ -163,7 +166,7 @@ def train_gan(
                                                  "\\[default: the torch hub cache, else a named random fallback].",
                                                  show_default=False),
     fid_weights: Optional[Path] = typer.Option(None, help="torchvision Inception-v3 weights for FID \\[default: "
-                                               "the torch hub cache, else LPIPS features].", show_default=False),
+                                               "the torch hub cache, else a classifier of the node's images].", show_default=False),
     buffer_size: int = typer.Option(GanConfig.buffer_size, help="Synthetic images in the shared buffer (class-interleaved)."),
     fidelity_model: ModelName = typer.Option(GanConfig.fidelity_model, help="Fidelity score's classifier (use "
                                              "federate's --model)."),
@@ -288,8 +291,12 @@ def audit_privacy(
     lr: float = typer.Option(AuditConfig.lr, help="Peak Adam learning rate of the projector."),
     optimize_noise: bool = typer.Option(AuditConfig.optimize_noise, help="Also optimise per-layer noise "
                                         "(warns below 128 px)."),
-    max_auroc: float = typer.Option(AuditConfig.max_auroc, help="Verdict: fail above this membership AUROC "
-                                    "or buffer nearest-member share (0.5 = no leak)."),
+    lpips_weights: Optional[Path] = typer.Option(None, help="The LPIPS backbone weights train-gan used \\[default: "
+                                                 "the torch hub cache, else the named random fallback].",
+                                                 show_default=False),
+    max_auroc: float = typer.Option(AuditConfig.max_auroc, help="Verdict: fail on a membership AUROC or buffer "
+                                    "member share significantly above this; pass needs their 95% upper bounds "
+                                    "at most this (0.5 = no leak)."),
     min_distance: float = typer.Option(AuditConfig.min_distance, help="Verdict: fail if members' median LPIPS to "
                                        "the buffer is below this (0 disables)."),
     strict: bool = typer.Option(AuditConfig.strict, help="Exit with code 1 when the verdict is fail."),
@@ -311,10 +318,13 @@ def audit_privacy(
     summaries = run(cfg)
     console.out.print(audit_table(summaries))
     for s in summaries:
-        verdict = s["verdict"]
-        colour = "green" if verdict["result"] == "pass" else "red"
+        verdict, effect = s["verdict"], s["privacy_effect"]
+        colour = {"pass": "green", "fail": "red"}.get(verdict["result"], "yellow")
         reasons = f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else ""
-        console.out.print(f"node {s['node']}: [{colour}]{verdict['result']}[/{colour}]{reasons}")
+        console.out.print(f"node {s['node']}: [{colour}]{verdict['result']}[/{colour}]{reasons}; privacy effect "
+                          f"vs control: {effect['verdict']} (median ratio {effect['median_ratio']:.3f}, 95% CI "
+                          f"{effect['ci_low']:.3f}-{effect['ci_high']:.3f}, p = {effect['p_value']:.2g}; pixel "
+                          f"{effect['pixel']['verdict']}, independent network {effect['independent']['verdict']})")
     console.out.print("empirical attack scores, not a formal privacy guarantee")
     console.out.print(f"wrote {cfg.exp / 'audit'}")
     if cfg.strict and any(s["verdict"]["result"] == "fail" for s in summaries):

@@ -224,6 +224,7 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
     raise UserError(f"{key} = {value!r} must be of type {getattr(annotation, '__name__', annotation)}")
 
 
+PrivacyLoss = Literal["all-pairs", "nearest"]
 LpipsNet = Literal["vgg", "alex"]
 Device = Literal["auto", "cpu", "cuda"]
 ModelName = Literal["cnn", "resnet18", "resnet50", "densenet121"]
@@ -245,6 +246,7 @@ class GanConfig:
     fid_images: int = ranged(512, 1, MAX_COUNT)
     fid_factor: float = ranged(2.5, 1, 1000)
     alpha: float = ranged(1.0, 0, 1000, why="0 disables the privacy loss")
+    privacy_loss: PrivacyLoss = "all-pairs"
     batch: int = ranged(32, 2, MAX_BATCH)
     lr: float = ranged(0.0025, 0, 1, low_open=True)
     r1_gamma: float | Auto = ranged("auto", 0, 10_000, why="auto: 0.0002 x resolution^2 / batch")
@@ -277,10 +279,14 @@ class GanConfig:
             value = getattr(self, name)
             if isinstance(value, str) and value != "auto":
                 raise UserError(f"--{name.replace('_', '-')} must be a number or auto, got {value!r}")
-        for name in ("lpips_weights", "fid_weights"):
-            path = getattr(self, name)
-            if path is not None and not Path(path).is_file():
-                raise UserError(f"--{name.replace('_', '-')} {path} does not exist")
+        check_weights_file(self, "lpips_weights", "fid_weights")
+
+
+def check_weights_file(cfg, *names: str) -> None:
+    for name in names:
+        path = getattr(cfg, name)
+        if path is not None and not Path(path).is_file():
+            raise UserError(f"--{name.replace('_', '-')} {path} does not exist")
 
 
 BufferCodec = Literal["png", "raw"]
@@ -376,6 +382,7 @@ class AuditConfig:
     batch_size: int = ranged(32, 1, MAX_BATCH)
     lr: float = ranged(0.1, 0, 1, low_open=True)
     optimize_noise: bool = False
+    lpips_weights: Path | None = None
     max_auroc: float = ranged(0.6, 0.5, 1, why="0.5 is chance")
     min_distance: float = ranged(0.0, 0, 10, why="an LPIPS distance; 0 disables")
     strict: bool = False
@@ -386,6 +393,7 @@ class AuditConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        check_weights_file(self, "lpips_weights")
 
 
 Metric = Literal["accuracy", "balanced-accuracy", "f1", "auroc"]

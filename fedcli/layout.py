@@ -16,6 +16,7 @@ from fedcli.errors import UserError
 
 GENERATOR = "generator.safetensors"  # phase 2, privacy-preserving (EMA)
 GENERATOR_PHASE1 = "generator_phase1.safetensors"  # phase 1, standard GAN (EMA)
+GENERATOR_CONTROL = "generator_control.safetensors"  # phase 2 at alpha = 0: the privacy generator's control
 BUFFER = "buffer.safetensors"
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import copy_exp, tiny_gan_exp
-from fedcli.audit import scores
+from fedcli.audit import effects, scores
 from fedcli.audit.groups import matched_groups
 from fedcli.audit.projection import ProjectionSettings, class_mean_w, project
 from fedcli.audit.stage import verdict
@@ -31,10 +31,14 @@ def digits(n: int, offset: int = 0, size: int = 32) -> torch.Tensor:
     return F.interpolate(images, size=size, mode="bilinear", align_corners=False) * 2 - 1
 
 
+def streams(keys) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(k) for k in keys]
+
+
 def project_all(synthesis, targets, w_start, perceptual, steps, spread=0.0):
     settings = ProjectionSettings(steps=steps, lr=0.1)
     out = [project(synthesis, targets[i:i + 32], w_start[i:i + 32], perceptual, settings,
-                   torch.Generator().manual_seed(i), spread) for i in range(0, len(targets), 32)]
+                   streams(range(i, min(i + 32, len(targets)))), spread) for i in range(0, len(targets), 32)]
     return torch.cat([o.lpips for o in out]), torch.cat([o.images for o in out])
 
 
@@ -50,7 +54,7 @@ def test_a_generator_that_memorised_its_training_images_is_caught(perceptual):
     distances, _ = project_all(synthesis, targets, torch.zeros(64, 32), perceptual, steps=150)
     is_member = np.array([1] * 32 + [0] * 32)
     assert distances[:32].mean() < 0.05 * distances[32:].mean()
-    assert scores.membership(distances.numpy(), is_member)["auroc"] > 0.95
+    assert effects.membership(distances.numpy(), is_member, np.random.default_rng(0))["auroc"] > 0.95
 
 
 def test_a_generator_that_ignores_the_data_gives_chance_auroc(perceptual):
@@ -63,7 +67,7 @@ def test_a_generator_that_ignores_the_data_gives_chance_auroc(perceptual):
     w_start = means[0].expand(400, -1)
     distances, _ = project_all(lambda w: generator.synthesis(w, noise_mode="const"), targets, w_start, perceptual,
                                steps=8, spread=spread)
-    auroc = scores.membership(distances.numpy(), np.array([1] * 200 + [0] * 200))["auroc"]
+    auroc = effects.membership(distances.numpy(), np.array([1] * 200 + [0] * 200), np.random.default_rng(0))["auroc"]
     sigma = np.sqrt((200 + 200 + 1) / (12 * 200 * 200))  # AUROC's standard deviation under no leak
     assert abs(auroc - 0.5) < 3.5 * sigma, auroc
 
@@ -103,19 +107,66 @@ def test_ssim_and_l2_are_zero_distance_for_identical_images():
     assert (scores.ssim(x, x.flip(-1)) < 0.9).all()
 
 
-def summary(auroc: float, share: float, distance: float) -> dict:
-    return {"generators": {"privacy": {"mia_lpips": {"auroc": auroc}}},
-            "buffer": {"share_nearest_is_member": share, "member_nearest_lpips_median": distance}}
+def summary(auroc: float, share: float, distance: float, n: int = 400, rebuilt: tuple = (0.1, 0.1)) -> dict:
+    """An audit summary whose statistics come from effects' own functions on made-up distances."""
+    rng = np.random.default_rng(0)
+    is_member = np.array([1] * n + [0] * n)
+    # member distances shifted so that the attack's AUROC is about `auroc`
+    shift = np.sqrt(2) * __import__("scipy").stats.norm.ppf(auroc)
+    distances = np.concatenate([rng.normal(-shift, 1, n), rng.normal(0, 1, n)])
+    members_rebuilt = np.arange(n) < rebuilt[0] * n
+    others_rebuilt = np.arange(n) < rebuilt[1] * n
+    projection = np.where(np.concatenate([members_rebuilt, others_rebuilt]), 0.0, 1.0)
+    buffer_hits = np.arange(2 * n) < share * 2 * n
+    return {"generators": {"privacy": {
+                "mia": effects.membership(distances, is_member, rng),
+                "reconstruction_share": effects.reconstruction_share(projection, np.full(2 * n, 0.5), is_member)}},
+            "buffer": {"member_nearest_lpips_median": distance,
+                       **effects.buffer_records(buffer_hits, np.ones(3), np.ones(3))},
+            "privacy_effect": {"verdict": "none"}}
 
 
-def test_thresholds_drive_the_verdict():
+def test_the_verdict_fails_on_evidence_of_a_leak_and_passes_only_on_evidence_against_one():
     cfg = AuditConfig(exp=None, max_auroc=0.6, min_distance=0.02)
-    assert verdict(summary(0.55, 0.5, 0.05), cfg)["result"] == "pass"
-    assert verdict(summary(0.65, 0.5, 0.05), cfg)["result"] == "fail"
-    assert verdict(summary(0.55, 0.7, 0.05), cfg)["result"] == "fail"
-    failed = verdict(summary(0.55, 0.5, 0.01), cfg)
+    assert verdict(summary(0.5, 0.5, 0.05), cfg)["result"] == "pass"
+    failed = verdict(summary(0.75, 0.5, 0.05), cfg)
+    assert failed["result"] == "fail" and "membership AUROC" in failed["reasons"][0]
+    assert "closest records" in verdict(summary(0.5, 0.75, 0.05), cfg)["reasons"][0]
+    assert "rebuilt" in verdict(summary(0.5, 0.5, 0.05, rebuilt=(0.4, 0.1)), cfg)["reasons"][0]
+    failed = verdict(summary(0.5, 0.5, 0.01), cfg)
     assert failed["result"] == "fail" and "median distance" in failed["reasons"][0]
-    assert verdict(summary(0.65, 0.5, 0.05), AuditConfig(exp=None, max_auroc=0.7))["result"] == "pass"
+    assert verdict(summary(0.75, 0.5, 0.05), AuditConfig(exp=None, max_auroc=0.8))["result"] == "pass"
+    # too few images: no leak shown, none ruled out
+    few = verdict(summary(0.5, 0.5, 0.05, n=15), cfg)
+    assert few["result"] == "inconclusive" and "upper bound" in few["reasons"][0]
+
+
+def test_the_paired_effect_is_significant_only_for_a_member_specific_push_and_reversed_for_a_pull():
+    rng = np.random.default_rng(1)
+    control = rng.uniform(0.5, 1.5, 400)
+    is_member = np.array([1] * 200 + [0] * 200)
+    noise = rng.normal(1, 0.05, 400)
+    pushed_members = control * np.where(is_member == 1, 1.3, 1.0) * noise
+    assert effects.privacy_effect(pushed_members, control, is_member, rng)["verdict"] == "significant"
+    pushed_all = control * 1.3 * noise  # every image further: generalisation, not member protection
+    assert effects.privacy_effect(pushed_all, control, is_member, rng)["verdict"] == "none"
+    assert effects.privacy_effect(control * 0.8 * noise, control, is_member, rng)["verdict"] == "reversed"
+    same = effects.privacy_effect(control, control, is_member, rng)
+    assert same["verdict"] == "none" and same["median_ratio"] == 1 and same["p_value"] == 1
+
+
+def test_tpr_is_given_only_at_resolvable_false_positive_rates():
+    rng = np.random.default_rng(2)
+    is_member = np.array([1] * 150 + [0] * 150)
+    result = effects.membership(rng.normal(size=300), is_member, rng)
+    assert result["tpr_at_fpr"]["0.1"] is not None and result["tpr_at_fpr"]["0.01"] is None
+    assert "1000 non-members" in result["tpr_at_fpr_null_reason"]["0.01"]
+    lowest = result["tpr_at_min_fpr"]
+    assert lowest["min_fpr"] == pytest.approx(10 / 150) and lowest["fpr"] <= lowest["min_fpr"]
+    assert lowest["ci_low"] <= lowest["tpr"] <= lowest["ci_high"]
+    # members all closer than every non-member: every member found at any resolvable FPR
+    perfect = effects.membership(np.r_[np.zeros(150), np.ones(150)], is_member, rng)
+    assert perfect["auroc"] == 1 and perfect["tpr_at_fpr"]["0.1"]["tpr"] == 1 and perfect["p_value"] < 1e-10
 
 
 def test_groups_are_size_matched_and_class_stratified():
@@ -145,12 +196,17 @@ def test_audit_writes_scores_figures_and_provenance(cli, audit_exp, tmp_path):
         assert {p.name for p in folder.iterdir()} == {"distances.csv", "summary.json", "histogram.png", "pairs.png",
                                                       "nearest.png", "roc.png", "config.json"}
         frame = pd.read_csv(folder / "distances.csv")
-        assert set(frame["generator"]) == {"standard", "privacy"} and len(frame) == 2 * 40
-        assert {"image_id", "member", "lpips", "l2", "ssim", "steps"} <= set(frame.columns)
+        assert set(frame["generator"]) == {"standard", "control", "privacy"} and len(frame) == 3 * 40
+        assert {"image_id", "member", "lpips", "lpips_independent", "l2", "ssim", "steps"} <= set(frame.columns)
         result = json.loads((folder / "summary.json").read_text())
         assert result["members"] == result["non_members"] == 20
-        assert 0 <= result["generators"]["privacy"]["mia_lpips"]["auroc"] <= 1
-        assert result["verdict"]["result"] in ("pass", "fail")
+        assert 0 <= result["generators"]["privacy"]["mia"]["auroc"] <= 1
+        assert result["verdict"]["result"] in ("pass", "fail", "inconclusive")
+        effect = result["privacy_effect"]
+        assert effect["ci_low"] <= effect["median_ratio"] <= effect["ci_high"]
+        assert {effect[k]["verdict"] for k in ("pixel", "independent")} <= {"significant", "none", "reversed"}
+        assert effect["non_members"]["images"] == 20
+        assert result["independent_network"] != result["lpips_network"]
 
 
 def test_strict_fails_the_exit_code_on_a_failing_verdict(cli, audit_exp, tmp_path):
@@ -168,8 +224,13 @@ def test_bad_inputs(cli, audit_exp, tmp_path):
     assert "--steps" in cli.user_error("audit-privacy", "--exp", exp, "--steps", "0")
     (exp / "gan" / "node1" / "generator_phase1.safetensors").write_bytes(b"not a checkpoint")
     assert "corrupt" in cli.user_error("audit-privacy", "--exp", exp, "--node", "node1", *AUDIT_FAST)
-    (exp / "gan" / "node1" / "generator.safetensors").unlink()
-    assert "run fedcli train-gan" in cli.user_error("audit-privacy", "--exp", exp, "--node", "node1", *AUDIT_FAST)
+    (exp / "gan" / "node1" / "generator_control.safetensors").unlink()
+    assert "control" in cli.user_error("audit-privacy", "--exp", exp, "--node", "node1", *AUDIT_FAST)
+    fake_weights = tmp_path / "alexnet.pth"
+    fake_weights.write_bytes(b"weights of another backbone")
+    line = cli.user_error("audit-privacy", "--exp", exp, "--node", "node0", *AUDIT_FAST, "--lpips-weights",
+                          fake_weights)
+    assert "trained against LPIPS" in line and "--lpips-weights" in line
     config = json.loads((exp / "gan" / "node0" / "config.json").read_text())
     config["architecture"]["resolution"] = 32
     (exp / "gan" / "node0" / "config.json").write_text(json.dumps(config))
@@ -178,3 +239,36 @@ def test_bad_inputs(cli, audit_exp, tmp_path):
     before = listing(exp)
     assert "stale" in cli.user_error("audit-privacy", "--exp", exp, "--node", "node0", *AUDIT_FAST)
     assert listing(exp) == before and not (exp / "audit").exists()
+
+
+@pytest.mark.parametrize("optimize_noise", [False, True])
+def test_an_images_projection_does_not_depend_on_its_batch_or_companions(perceptual, optimize_noise):
+    """In float64, image k projected alone, among companions, or elsewhere in a batch gets the same result
+    to 1e-8: its draws come from its own stream and the noise regulariser is per image."""
+    torch.manual_seed(0)
+    arch = Architecture(resolution=16, channels=1, num_classes=1, z_dim=8, w_dim=8, channel_base=64, channel_max=8)
+    generator = Generator(arch).double().requires_grad_(False)
+    lpips64 = Perceptual("alex").double()
+    lpips64.lin_weights = [w.double() for w in lpips64.lin_weights]
+    targets = digits(4, size=16).double()
+    w_start = torch.zeros(4, 8, dtype=torch.float64)
+    settings = ProjectionSettings(steps=12, lr=0.1)
+    layers = generator.noise_layers if optimize_noise else None
+
+    def run(order):
+        result = project(lambda w, noise=None: generator.synthesis(w, noise_mode="const", noise=noise),
+                         targets[order], w_start[order], lpips64, settings, streams(order), 0.5, layers)
+        return {k: (result.lpips[i], result.w[i]) for i, k in enumerate(order)}
+
+    together, reversed_, alone = run([0, 1, 2, 3]), run([3, 2, 1, 0]), run([2])
+    for k in range(4):
+        assert abs(together[k][0] - reversed_[k][0]) < 1e-8
+        assert torch.allclose(together[k][1], reversed_[k][1], atol=1e-8, rtol=0)
+    assert abs(together[2][0] - alone[2][0]) < 1e-8 and torch.allclose(together[2][1], alone[2][1], atol=1e-8, rtol=0)
+    assert len({round(float(v[0]), 6) for v in together.values()}) == 4  # the images did differ
+
+
+def test_nearest_can_skip_each_querys_own_image(perceptual):
+    pool = digits(6)
+    distance, index = scores.nearest(perceptual, pool[:3], pool, exclude=torch.tensor([0, 1, 2]))
+    assert (index != torch.arange(3)).all() and (distance > 0).all()

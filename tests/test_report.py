@@ -87,13 +87,19 @@ def write_gan(folder: Path, node: str, fid1: float, fid2: float, alpha: float = 
         "phase2": {"fid": fid2, "iterations": 100, "stopped": "cap"}, "buffer": {"size": 512}})
 
 
-def write_audit(folder: Path, node: str, lpips_std: float, lpips_priv: float, auroc_std: float, auroc_priv: float,
+def write_audit(folder: Path, node: str, lpips_ctrl: float, lpips_priv: float, auroc_std: float, auroc_priv: float,
                 share: float, verdict: str) -> None:
     write_json(folder / "audit" / node / "config.json", {"stage": "audit-privacy", "config": {}})
+    rebuilt = {"members": 0.1, "non_members": 0.1}
+    ratio = lpips_priv / lpips_ctrl
     write_json(folder / "audit" / node / "summary.json", {
-        "generators": {"standard": {"member_lpips_mean": lpips_std, "mia_lpips": {"auroc": auroc_std}},
-                       "privacy": {"member_lpips_mean": lpips_priv, "mia_lpips": {"auroc": auroc_priv}}},
-        "buffer": {"share_nearest_is_member": share}, "verdict": {"result": verdict}, "node": node,
+        "generators": {"standard": {"member_lpips_mean": lpips_ctrl, "mia": {"auroc": auroc_std}},
+                       "control": {"member_lpips_mean": lpips_ctrl, "mia": {"auroc": auroc_std}},
+                       "privacy": {"member_lpips_mean": lpips_priv, "mia": {"auroc": auroc_priv},
+                                   "reconstruction_share": rebuilt}},
+        "privacy_effect": {"median_ratio": ratio, "p_value": 0.001, "verdict": "significant",
+                           "pixel": {"median_ratio": 1.2}, "independent": {"median_ratio": 1.3}},
+        "buffer": {"dcr_share": share}, "verdict": {"result": verdict}, "node": node,
         "lpips_network": "alex-random"})
 
 
@@ -463,11 +469,13 @@ def test_privacy_table(single):
     table = built(study.privacy_table(load_experiment(single)))
     assert list(table.frame.index) == ["n0", "n1"]
     assert_means(table, {
-        "n0": {"LPIPS std": 0.01, "LPIPS priv": 0.05, "AUROC std": 0.70, "AUROC priv": 0.52,
-               "buffer nearest-member share": 0.50},
-        "n1": {"LPIPS std": 0.02, "LPIPS priv": 0.06, "AUROC std": 0.65, "AUROC priv": 0.55,
-               "buffer nearest-member share": 0.45}})
+        "n0": {"LPIPS ctrl": 0.01, "LPIPS priv": 0.05, "effect": 5.0, "AUROC std": 0.70, "AUROC priv": 0.52,
+               "buffer member share": 0.50},
+        "n1": {"LPIPS ctrl": 0.02, "LPIPS priv": 0.06, "effect": 3.0, "AUROC std": 0.65, "AUROC priv": 0.55,
+               "buffer member share": 0.45}})
     assert list(table.frame["verdict"]) == ["pass", "fail"]
+    assert list(table.frame["privacy effect"]) == ["significant"] * 2
+    assert list(table.frame["effect pixel / independent"]) == ["1.200 / 1.300"] * 2
     assert "alex-random" in table.note
 
 
@@ -662,6 +670,7 @@ def test_alpha_table_shows_fid_distance_and_auroc_per_alpha(tmp_path):
     assert table.frame.loc["alpha 2", "FID"].mean == 30.0 and table.frame.loc["alpha 0", "FID"].n == 2
     assert table.frame.loc["alpha 2", "nearest-real LPIPS"].mean == pytest.approx(0.3)
     assert table.frame.loc["alpha 0", "AUROC priv"].mean == pytest.approx(0.7)
+    assert table.frame.loc["alpha 2", "privacy effect"].mean == pytest.approx(2.0)
     assert table.frame.loc["alpha 2", "FedER accuracy"].mean == pytest.approx((0.7 + 0.7) / 2)
     assert isinstance(study.alpha_table(load_experiment(tmp_path)[:1], "accuracy"), study.Missing)
 

@@ -26,22 +26,26 @@ def gan_exp(tmp_path_factory):
 def test_every_node_gets_generators_buffer_metrics_samples_and_config(gan_exp):
     for node in ("node0", "node1"):
         files = {p.name for p in (gan_exp / "gan" / node).iterdir()}
-        assert files == {"generator.safetensors", "generator_phase1.safetensors", "buffer.safetensors",
-                         "metrics.csv", "samples.png", "config.json"}
+        assert files == {"generator.safetensors", "generator_phase1.safetensors", "generator_control.safetensors",
+                         "buffer.safetensors", "metrics.csv", "samples.png", "config.json"}
         config = json.loads((gan_exp / "gan" / node / "config.json").read_text())
         manifest = json.loads((gan_exp / "partition" / "manifest.json").read_text())
         assert config["inputs"]["manifest"] == manifest["content_hash"]
         assert config["architecture"]["resolution"] == 16 and config["config"]["iterations"] == 12
-        assert config["lpips"] == {"net": "alex", "name": "alex-random", "calibrated": False}
+        assert config["lpips"] == {"net": "alex", "name": "alex-random", "calibrated": False, "weights_sha256": None}
+        # the control ran as many iterations as the kept privacy snapshot
+        assert config["control"]["iterations"] == config["phase2"]["kept_iteration"]
         assert config["fid"] == {"name": "cnn-node", "calibrated": False}
 
 
 def test_metrics_name_the_networks_behind_them(gan_exp):
     metrics = pd.read_csv(gan_exp / "gan" / "node0" / "metrics.csv")
     assert {"fid[cnn-node]", "l_pp[alex-random]", "lpips_mean[alex-random]", "ada_p"} <= set(metrics.columns)
-    assert set(metrics["phase"]) == {1, 2}
-    assert metrics[metrics["phase"] == 1]["l_pp[alex-random]"].isna().all()
-    assert metrics[metrics["phase"] == 2]["l_pp[alex-random]"].notna().all()
+    phase = metrics["phase"].astype(str)
+    assert set(phase) <= {"1", "2", "control"} and {"1", "2"} <= set(phase)
+    assert metrics[phase == "1"]["l_pp[alex-random]"].isna().all()
+    assert metrics[phase == "2"]["l_pp[alex-random]"].notna().all()
+    assert metrics[phase == "control"]["l_pp[alex-random]"].isna().all()
     assert metrics["fid[cnn-node]"].notna().sum() >= 2
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-LABELS = {"standard": "standard GAN (phase 1)", "privacy": "privacy-preserving GAN (phase 2)"}
+LABELS = {"standard": "standard GAN (phase 1)", "control": "control (phase 2 at alpha 0)",
+          "privacy": "privacy-preserving GAN (phase 2)"}
 
 
 def pyplot():
@@ -44,16 +45,20 @@ def image_rows(path: Path, rows: list[tuple[str, np.ndarray]], title: str) -> No
     plt.close(fig)
 
 
-def histogram(path: Path, frame: pd.DataFrame, node: str, network: str) -> None:
+def histogram(path: Path, frame: pd.DataFrame, node: str, network: str, effect: dict) -> None:
+    """Members' projection distances under the control and privacy generators (the study's Fig. 3), the
+    paired effect in the title."""
     plt = pyplot()
-    members = frame[frame.member == 1]
+    members = frame[(frame.member == 1) & frame.generator.isin(["control", "privacy"])]
     fig, axis = plt.subplots(figsize=(6, 3.5), dpi=90)
     bins = np.histogram_bin_edges(members.lpips, bins=30)
     for name, group in members.groupby("generator", sort=False):
         axis.hist(group.lpips, bins=bins, alpha=0.55, label=f"{LABELS[name]} (mean {group.lpips.mean():.4f})")
     axis.set_xlabel(f"projection LPIPS [{network}] of member images")
     axis.set_ylabel("images")
-    axis.set_title(f"{node}: how close each generator gets to its training images", fontsize=9)
+    axis.set_title(f"{node}: how close each generator gets to its training images\npaired privacy/control ratio "
+                   f"{effect['median_ratio']:.3f} (95% CI {effect['ci_low']:.3f}-{effect['ci_high']:.3f}, "
+                   f"p = {effect['p_value']:.2g}): {effect['verdict']}", fontsize=8)
     axis.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)

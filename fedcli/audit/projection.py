@@ -8,6 +8,11 @@ is added to w to explore, as in the projector. Per-layer noise inputs stay fixed
 `optimize_noise`, which also optimises them with the projector's noise regulariser; at small
 resolutions free noise has more values than the image has pixels, so it lets any generator
 rebuild any image.
+
+Every random draw of an image comes from that image's own stream, and the noise regulariser and
+renormalisation act on each image's maps alone, so an image's result does not depend on the batch
+it is in, its position there, or its companions (to float64 rounding; float32 kernels that differ
+with the batch size still move it slightly).
 """
 
 from __future__ import annotations
@@ -53,16 +58,22 @@ def class_mean_w(generator, classes: list[int], samples: int, stream: torch.Gene
 
 
 def noise_regularizer(noises: list[torch.Tensor]) -> torch.Tensor:
-    """Penalise spatial autocorrelation of the noise maps at every scale (the projector's regulariser)."""
+    """Per image: the spatial autocorrelation of its noise maps at every scale (the projector's regulariser)."""
     loss = 0.0
     for noise in noises:
         x = noise
         while True:
-            loss = loss + (x * torch.roll(x, 1, dims=3)).mean().square() + (x * torch.roll(x, 1, dims=2)).mean().square()
+            for shift in (2, 3):
+                loss = loss + (x * torch.roll(x, 1, dims=shift)).mean(dim=(1, 2, 3)).square()
             if x.shape[-1] <= 8:
                 break
             x = torch.nn.functional.avg_pool2d(x, 2)
     return loss
+
+
+def per_image_randn(streams: list[torch.Generator], shape: tuple[int, ...], device) -> torch.Tensor:
+    """One draw of `shape` from each image's stream, stacked."""
+    return torch.stack([torch.randn(shape, generator=stream) for stream in streams]).to(device)
 
 
 @dataclasses.dataclass
@@ -74,44 +85,47 @@ class Projection:
 
 
 def project(synthesis: Callable[..., torch.Tensor], targets: torch.Tensor, w_start: torch.Tensor,
-            perceptual: Perceptual, settings: ProjectionSettings, stream: torch.Generator, w_spread: float,
+            perceptual: Perceptual, settings: ProjectionSettings, streams: list[torch.Generator], w_spread: float,
             layers=None, on_step: Callable[[int, float], None] | None = None) -> Projection:
-    """Project a batch of targets ([-1, 1]); `synthesis(w)` renders images (noise fixed inside it).
+    """Project a batch of targets ([-1, 1]), drawing image i's randomness from streams[i]; `synthesis(w)`
+    renders images (noise fixed inside it).
 
     With `layers` (the generator's synthesis layers) and noise optimisation wanted, pass them to
     optimise per-layer noise too; `synthesis` must then accept `noise=` maps.
     """
+    if len(streams) != len(targets):
+        raise ValueError(f"{len(targets)} targets need as many streams, got {len(streams)}")
     device = targets.device
     w = w_start.detach().clone().requires_grad_(True)
     params = [w]
     noises = None
     if layers is not None:
-        noises = [torch.randn(len(targets), 1, l.resolution, l.resolution, generator=stream).to(device)
-                  .requires_grad_(True) for l in layers]
+        noises = [per_image_randn(streams, (1, l.resolution, l.resolution), device).to(w.dtype).requires_grad_(True)
+                  for l in layers]
         params += noises
     optimizer = torch.optim.Adam(params, betas=(0.9, 0.999), lr=settings.lr)
     with torch.no_grad():
         target_features = perceptual.features(targets)
-    best = torch.full((len(targets),), math.inf, device=device)
+    best = torch.full((len(targets),), math.inf, device=device, dtype=w.dtype)
     best_w, best_images = w.detach().clone(), targets.clone()
     for step in range(settings.steps):
         t = step / settings.steps
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings)
         scale = w_spread * settings.noise_factor * max(0.0, 1.0 - t / settings.noise_ramp) ** 2
-        w_noisy = w + torch.randn(w.shape, generator=stream).to(device) * scale
+        w_noisy = w + per_image_randn(streams, w.shape[1:], device).to(w.dtype) * scale
         images = synthesis(w_noisy, noise=noises) if noises is not None else synthesis(w_noisy)
         distances = perceptual.paired(target_features, perceptual.features(images))
         loss = distances.sum()
         if noises is not None:
-            loss = loss + settings.noise_weight * noise_regularizer(noises)
+            loss = loss + settings.noise_weight * noise_regularizer(noises).sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         if noises is not None:
             with torch.no_grad():
                 for n in noises:
-                    n.sub_(n.mean()).div_(n.square().mean().sqrt())
+                    n.sub_(n.mean(dim=(1, 2, 3), keepdim=True)).div_(n.square().mean(dim=(1, 2, 3), keepdim=True).sqrt())
         with torch.no_grad():
             improved = distances.detach() < best
             best = torch.where(improved, distances.detach(), best)

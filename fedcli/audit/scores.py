@@ -2,12 +2,11 @@
 
 Pixel L2 (RMS per pixel on [-1, 1]) and SSIM are independent of the LPIPS the generator was
 trained against, so a generator that games LPIPS shows up in them. Membership inference follows
-GAN-Leaks: score = minus the projection distance, members labelled 1; AUROC 0.5 means no leak.
+GAN-Leaks: score = minus the projection distance (fedcli/audit/effects.py).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -36,23 +35,18 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 7, sigma: float = 1.5) 
     return value.flatten(1).mean(dim=1)
 
 
-def membership(distances: np.ndarray, is_member: np.ndarray) -> dict[str, float]:
-    """AUROC and average precision of the attack `score = -distance` (members should be closer)."""
-    from sklearn.metrics import average_precision_score, roc_auc_score
-
-    scores = -np.asarray(distances, dtype=float)
-    return {"auroc": float(roc_auc_score(is_member, scores)),
-            "average_precision": float(average_precision_score(is_member, scores))}
-
-
-def nearest(perceptual, queries: torch.Tensor, pool: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """LPIPS distance from each query to its nearest image in `pool`, and that image's index."""
+def nearest(perceptual, queries: torch.Tensor, pool: torch.Tensor, chunk: int = 256,
+            exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """LPIPS distance from each query to its nearest image in `pool`, and that image's index; query i
+    skips pool image exclude[i] (itself, when the queries are drawn from the pool)."""
     with torch.no_grad():
         pool_features = [torch.cat(parts) for parts in zip(*(perceptual.features(pool[i:i + chunk])
                                                              for i in range(0, len(pool), chunk)))]
         best, index = [], []
         for i in range(0, len(queries), chunk):
             matrix = perceptual.pairwise(perceptual.features(queries[i:i + chunk]), pool_features)
+            if exclude is not None:
+                matrix[torch.arange(len(matrix)), exclude[i:i + chunk]] = float("inf")
             values, where = matrix.min(dim=1)
             best.append(values)
             index.append(where)

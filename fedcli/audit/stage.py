@@ -1,11 +1,14 @@
 """The `audit-privacy` stage: how much of a node's real patients its generators and buffer reveal.
 
 For each node: members (train images, seen by the GAN) and size-matched, class-stratified
-non-members (test images); both generators (standard phase 1, privacy-preserving phase 2)
-project every image from the same starting w (its class's mean w under the phase-1 mapping);
-distances (LPIPS, pixel L2, SSIM) of the best projection feed membership-inference scores; the
-buffer is audited by nearest neighbours. These are empirical attack scores, not a formal
-privacy guarantee.
+non-members (test images); three generators (standard phase 1, privacy-preserving phase 2, and
+phase 2's alpha-0 control) project every image from the same starting w (its class's mean w under
+the phase-1 mapping) and the same per-image random stream, keyed by the image's id. The privacy
+loss's effect is the paired per-image ratio of the privacy generator's distance to the control's,
+in the training LPIPS, in pixels and in an audit-only LPIPS network that shares no weights with the
+loss (fedcli/audit/effects.py); projection distances also feed membership inference and
+reconstruction shares, and the buffer is audited by its distance to closest record. These are
+empirical attack scores, not a formal privacy guarantee.
 
 Writes `<exp>/audit/<node>/`: distances.csv, summary.json, histogram.png, pairs.png,
 nearest.png, roc.png, config.json.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,7 +27,7 @@ import torch
 from fedcli import console
 from fedcli.artifact_kinds import AUDITED, file_sha256, record_files
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
-from fedcli.audit import figures, scores
+from fedcli.audit import effects, figures, scores
 from fedcli.audit.groups import matched_groups
 from fedcli.audit.progress import ProjectionProgress
 from fedcli.audit.projection import ProjectionSettings, class_mean_w, project
@@ -33,14 +37,16 @@ from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device, with_threads
 from fedcli.errors import UserError
 from fedcli.gan.networks import Architecture, Generator
-from fedcli.gan.perceptual import Perceptual
+from fedcli.gan.perceptual import HUB_FILES, Perceptual
 from fedcli.gan.buffer import load_buffer_file
 from fedcli.gan.stage import load_generator, read_gan_config
 from fedcli.locking import locked
-from fedcli.layout import BUFFER, GENERATOR, GENERATOR_PHASE1, audit_dir, gan_dir
-from fedcli.rng import torch_stream
+from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, audit_dir, gan_dir
+from fedcli.rng import numpy_stream, torch_stream
+from fedcli.weights import hub_checkpoint
 
-GENERATORS = {"standard": GENERATOR_PHASE1, "privacy": GENERATOR}
+GENERATORS = {"standard": GENERATOR_PHASE1, "control": GENERATOR_CONTROL, "privacy": GENERATOR}
+INDEPENDENT_SEED = 1  # the audit-only LPIPS network's backbone seed (training's random backbone uses 0)
 MIN_GROUP = 200  # the audit asks for at least this many images per group where a node has them
 W_AVG_SAMPLES = 1000
 
@@ -56,16 +62,34 @@ class NodeInputs:
 
 def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> NodeInputs:
     folder = gan_dir(cfg.exp, node)
-    for name in (GENERATOR, GENERATOR_PHASE1, BUFFER):
+    for name in (*GENERATORS.values(), BUFFER):
         if not (folder / name).is_file():
-            raise UserError(f"node {node} has no {name} in {folder}; run fedcli train-gan --exp {cfg.exp} first")
+            raise UserError(f"node {node} has no {name} in {folder} (the audit needs the standard, control and "
+                            f"privacy generators and the buffer); run fedcli train-gan --exp {cfg.exp} --overwrite")
     saved = read_gan_config(cfg.exp, manifest, node)
+    check_lpips(cfg, saved, node)
     if saved["architecture"]["resolution"] != manifest["image_size"]:
         raise UserError(f"node {node}'s generator makes {saved['architecture']['resolution']} px images but the "
                         f"partition has {manifest['image_size']} px; re-run fedcli train-gan")
     arch = Architecture(**saved["architecture"])
     generators = {name: load_generator(folder, file, arch) for name, file in GENERATORS.items()}
     return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0])
+
+
+def check_lpips(cfg: AuditConfig, saved: dict, node: str) -> None:
+    """The audit measures in the LPIPS network the GAN was trained against: same backbone, same weights."""
+    trained = saved.get("lpips", {})
+    if trained.get("net") not in HUB_FILES:
+        raise UserError(f"node {node}'s GAN config names no known LPIPS backbone; re-run fedcli train-gan --overwrite")
+    weights = cfg.lpips_weights or hub_checkpoint(HUB_FILES[trained["net"]])
+    found = file_sha256(Path(weights)) if weights else None
+    if trained.get("weights_sha256", "absent") != found:
+        had = f"the {trained.get('net')} backbone with " + (f"weights {str(trained.get('weights_sha256'))[:12]}"
+                                                            if trained.get("weights_sha256") else "no ImageNet weights")
+        now = f"weights {found[:12]}" if found else "no ImageNet weights"
+        raise UserError(f"node {node}'s GAN was trained against LPIPS {had}, but the audit has {now}; pass the "
+                        "train-gan run's --lpips-weights (or put the same file in the torch hub cache), or re-run "
+                        "fedcli train-gan --overwrite")
 
 
 @with_threads
@@ -86,12 +110,13 @@ def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[
         console.warn(f"--optimize-noise at {manifest['image_size']} px: free noise maps can rebuild any image, "
                      "so projection distances say little about memorisation below 128 px")
     seed = manifest["seed"] if cfg.seed is None else cfg.seed
-    perceptual = Perceptual(inputs[nodes[0]].saved["lpips"]["net"]).to(device)
-    return [audit_node(cfg, manifest, node, inputs[node], seed, perceptual, device) for node in nodes]
+    return [audit_node(cfg, manifest, node, inputs[node], seed, device) for node in nodes]
 
 
-def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs, seed: int,
-               perceptual: Perceptual, device: str) -> dict:
+def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs, seed: int, device: str) -> dict:
+    net = inputs.saved["lpips"]["net"]
+    perceptual = Perceptual(net, cfg.lpips_weights).to(device)
+    independent = Perceptual(net, random_seed=INDEPENDENT_SEED).to(device)
     train, test = NodeDataset(manifest, node, "train"), NodeDataset(manifest, node, "test")
     member_idx, non_member_idx = matched_groups(train.records, test.records, cfg.max_images, seed, node)
     if len(member_idx) < min(MIN_GROUP, cfg.max_images):
@@ -114,35 +139,46 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
         with ProjectionProgress(f"{node} {name}", len(images), cfg.steps) as progress:
             for start in range(0, len(images), cfg.batch_size):
                 chunk = slice(start, start + cfg.batch_size)
-                stream = torch_stream(seed, node, "audit-project", name, start)
+                streams = [torch_stream(seed, node, "audit-project", image_id) for image_id in ids[chunk]]
                 layers = generator.noise_layers if cfg.optimize_noise else None
                 result = project(lambda w, noise=None, g=generator: g.synthesis(w, noise_mode="const", noise=noise),
-                                 images[chunk], w_start[chunk], perceptual, settings, stream, spread, layers,
+                                 images[chunk], w_start[chunk], perceptual, settings, streams, spread, layers,
                                  on_step=progress.step)
                 recon.append(result.images)
                 lpips.append(result.lpips)
                 progress.batch_done(len(result.lpips))
         reconstructions[name] = torch.cat(recon)
         lp = torch.cat(lpips).cpu()
+        with torch.no_grad():
+            other = independent(reconstructions[name], images).cpu()
         l2 = scores.pixel_l2(reconstructions[name], images).cpu()
         ss = scores.ssim(reconstructions[name], images).cpu()
         rows += [{"image_id": i, "member": int(m), "label": int(y), "generator": name, "lpips": float(a),
-                  "l2": float(b), "ssim": float(c), "steps": cfg.steps}
-                 for i, m, y, a, b, c in zip(ids, is_member, labels.tolist(), lp, l2, ss)]
+                  "lpips_independent": float(o), "l2": float(b), "ssim": float(c), "steps": cfg.steps}
+                 for i, m, y, a, o, b, c in zip(ids, is_member, labels.tolist(), lp, other, l2, ss)]
     frame = pd.DataFrame(rows)
+    pool = to_float(torch.cat([train.images, test.images])).to(device)
+    own = torch.tensor(list(member_idx) + [len(train) + i for i in non_member_idx])
+    nearest_other, _ = scores.nearest(perceptual, images, pool, exclude=own.to(device))
     buffer_images = to_float(inputs.buffer).to(device)
-    real_to_buffer, nearest_buffer = scores.nearest(perceptual, images, buffer_images)
+    real_to_buffer, _ = scores.nearest(perceptual, images, buffer_images)
     buffer_to_real, nearest_real = scores.nearest(perceptual, buffer_images, images)
-    summary = summarize(frame, is_member, real_to_buffer.cpu().numpy(), buffer_to_real.cpu().numpy(),
-                        nearest_real.cpu().numpy(), cfg)
+    members = images[:len(member_idx)]
+    buffer_to_members, _ = scores.nearest(perceptual, buffer_images, members)
+    non_members_to_members, _ = scores.nearest(perceptual, images[len(member_idx):], members)
+    distances = {"real_to_buffer": real_to_buffer, "buffer_to_real": buffer_to_real, "nearest_real": nearest_real,
+                 "nearest_other": nearest_other, "buffer_to_members": buffer_to_members,
+                 "non_members_to_members": non_members_to_members}
+    summary = summarize(frame, is_member, {k: v.cpu().numpy() for k, v in distances.items()}, cfg, seed, node)
     summary |= {"node": node, "members": len(member_idx), "non_members": len(non_member_idx),
                 "lpips_network": perceptual.name, "lpips_calibrated": perceptual.calibrated,
+                "lpips_weights_sha256": perceptual.weights_sha256, "independent_network": independent.name,
                 "steps": cfg.steps, "optimize_noise": cfg.optimize_noise,
                 "note": "empirical attack scores, not a formal privacy guarantee"}
     with staged_output(audit_dir(cfg.exp, node), cfg.overwrite) as out:
         write_csv(out / "distances.csv", frame)
         write_json(out / "summary.json", summary)
-        figures.histogram(out / "histogram.png", frame, node, perceptual.name)
+        figures.histogram(out / "histogram.png", frame, node, perceptual.name, summary["privacy_effect"])
         figures.pairs(out / "pairs.png", images[:len(member_idx)], reconstructions, node)
         figures.nearest(out / "nearest.png", buffer_images, images, buffer_to_real.cpu(), nearest_real.cpu(), node)
         figures.roc(out / "roc.png", frame, node)
@@ -152,46 +188,76 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     return summary
 
 
-def summarize(frame: pd.DataFrame, is_member: np.ndarray, real_to_buffer: np.ndarray, buffer_to_real: np.ndarray,
-              nearest_real: np.ndarray, cfg: AuditConfig) -> dict:
+def summarize(frame: pd.DataFrame, is_member: np.ndarray, distances: dict[str, np.ndarray], cfg: AuditConfig,
+              seed: int, node: str) -> dict:
+    def stream(*what):
+        return numpy_stream(seed, node, "audit-bootstrap", *what)
+
     out: dict = {"generators": {}}
-    for name, group in frame.groupby("generator", sort=False):
+    by_generator = {name: group.reset_index(drop=True) for name, group in frame.groupby("generator", sort=False)}
+    for name, group in by_generator.items():
         members, others = group[group.member == 1], group[group.member == 0]
-        member_flags = group["member"].to_numpy()
         out["generators"][name] = {
             "member_lpips_mean": float(members.lpips.mean()), "member_lpips_median": float(members.lpips.median()),
             "non_member_lpips_mean": float(others.lpips.mean()),
             "member_l2_mean": float(members.l2.mean()), "member_ssim_mean": float(members.ssim.mean()),
-            "mia_lpips": scores.membership(group.lpips.to_numpy(), member_flags),
-            "mia_l2": scores.membership(group.l2.to_numpy(), member_flags),
-            "mia_ssim": scores.membership(-group.ssim.to_numpy(), member_flags),
+            "mia": effects.membership(group.lpips.to_numpy(), is_member, stream(name, "lpips")),
+            "mia_l2": effects.membership(group.l2.to_numpy(), is_member, stream(name, "l2")),
+            "reconstruction_share": effects.reconstruction_share(group.lpips.to_numpy(), distances["nearest_other"],
+                                                                 is_member),
         }
+    privacy, control = by_generator["privacy"], by_generator["control"]
+    out["privacy_effect"] = effects.privacy_effect(privacy.lpips.to_numpy(), control.lpips.to_numpy(), is_member,
+                                                   stream("effect", "lpips"))
+    out["privacy_effect"]["pixel"] = effects.privacy_effect(privacy.l2.to_numpy(), control.l2.to_numpy(), is_member,
+                                                            stream("effect", "l2"))
+    out["privacy_effect"]["independent"] = effects.privacy_effect(
+        privacy.lpips_independent.to_numpy(), control.lpips_independent.to_numpy(), is_member,
+        stream("effect", "independent"))
     n_members = int(is_member.sum())
+    real_to_buffer = distances["real_to_buffer"]
     out["buffer"] = {
         "member_nearest_lpips_mean": float(real_to_buffer[is_member == 1].mean()),
         "member_nearest_lpips_median": float(np.median(real_to_buffer[is_member == 1])),
         "non_member_nearest_lpips_mean": float(real_to_buffer[is_member == 0].mean()),
-        "share_nearest_is_member": float((nearest_real < n_members).mean()),
-        "synthetic_nearest_real_lpips_mean": float(buffer_to_real.mean()),
+        "synthetic_nearest_real_lpips_mean": float(distances["buffer_to_real"].mean()),
+        **effects.buffer_records(distances["nearest_real"] < n_members, distances["buffer_to_members"],
+                                 distances["non_members_to_members"]),
     }
     out["verdict"] = verdict(out, cfg)
     return out
 
 
 def verdict(summary: dict, cfg: AuditConfig) -> dict:
-    """pass/fail: the privacy-preserving generator's membership AUROC and the buffer's nearest-member
-    share stay at most --max-auroc (0.5 = no leak); members' median distance to the buffer is at
-    least --min-distance (LPIPS of the network named in the summary; 0 disables that check)."""
-    auroc = summary["generators"]["privacy"]["mia_lpips"]["auroc"]
-    share = summary["buffer"]["share_nearest_is_member"]
-    distance = summary["buffer"]["member_nearest_lpips_median"]
-    reasons = []
-    if auroc > cfg.max_auroc:
-        reasons.append(f"membership AUROC {auroc:.3f} > {cfg.max_auroc}")
-    if share > cfg.max_auroc:
-        reasons.append(f"buffer nearest-member share {share:.3f} > {cfg.max_auroc}")
-    if distance < cfg.min_distance:
-        reasons.append(f"members' median distance to the buffer {distance:.4f} < {cfg.min_distance}")
-    return {"result": "fail" if reasons else "pass", "reasons": reasons,
-            "thresholds": {"max_auroc": cfg.max_auroc, "min_distance": cfg.min_distance}}
-
+    """fail on evidence of a leak, pass on evidence against one, inconclusive otherwise. A leak: the
+    privacy-preserving generator's membership AUROC above --max-auroc and above chance (p < 0.01); its
+    members rebuilt more often than non-members (p < 0.01); the buffer's closest records members more
+    often than chance (p < 0.01) and in a share above --max-auroc; members' median distance to the buffer
+    under --min-distance. A pass needs the AUROC's and the buffer share's 95% upper bounds at most
+    --max-auroc; the privacy effect is reported beside it, not folded in."""
+    mia = summary["generators"]["privacy"]["mia"]
+    rebuilt = summary["generators"]["privacy"]["reconstruction_share"]
+    buffer = summary["buffer"]
+    threshold = cfg.max_auroc
+    reasons, doubts = [], []
+    if mia["auroc"] > threshold and mia["p_value"] < effects.ALPHA:
+        reasons.append(f"membership AUROC {mia['auroc']:.3f} > {threshold} (p = {mia['p_value']:.2g})")
+    if rebuilt["leak"]:
+        reasons.append(f"members rebuilt closer than their nearest other image {rebuilt['members']:.3f} vs "
+                       f"non-members {rebuilt['non_members']:.3f} (p = {rebuilt['p_value']:.2g})")
+    if buffer["dcr_share"] > threshold and buffer["dcr_p_value"] < effects.ALPHA:
+        reasons.append(f"buffer's closest records are members in {buffer['dcr_share']:.3f} > {threshold} "
+                       f"(p = {buffer['dcr_p_value']:.2g})")
+    if buffer["member_nearest_lpips_median"] < cfg.min_distance:
+        reasons.append(f"members' median distance to the buffer {buffer['member_nearest_lpips_median']:.4f} < "
+                       f"{cfg.min_distance}")
+    if mia["auroc_ci_high"] > threshold:
+        doubts.append(f"membership AUROC's 95% upper bound {mia['auroc_ci_high']:.3f} > {threshold}: too few images "
+                      "to rule out a leak")
+    if buffer["dcr_ci_high"] > threshold:
+        doubts.append(f"buffer member share's 95% upper bound {buffer['dcr_ci_high']:.3f} > {threshold}: too few "
+                      "images to rule out a leak")
+    result = "fail" if reasons else "inconclusive" if doubts else "pass"
+    return {"result": result, "reasons": reasons or doubts, "privacy_effect": summary["privacy_effect"]["verdict"],
+            "thresholds": {"max_auroc": threshold, "min_distance": cfg.min_distance, "alpha": effects.ALPHA,
+                           "effect_ratio": effects.EFFECT}}

@@ -26,10 +26,22 @@ def r1_penalty(discriminator, reals: torch.Tensor, labels: torch.Tensor) -> tupl
 
 
 def privacy_loss(perceptual, reals: torch.Tensor, fakes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """L_PP = (1/b) * sum over all b x b real/synthetic pairs of LPIPS(real, synthetic), labels ignored,
+    """The study's all-pairs L_PP = (1/b) * sum over all b x b real/synthetic pairs of LPIPS(real, synthetic),
+    labels ignored,
     and the mean pairwise LPIPS. Each image's features are computed once; the real side carries
     no gradient, so the loss reaches the generator only."""
     with torch.no_grad():
         real_features = perceptual.features(reals)
     distances = perceptual.pairwise(real_features, perceptual.features(fakes))
     return distances.sum() / reals.shape[0], distances.mean()
+
+
+def nearest_privacy_loss(perceptual, real_features: list[torch.Tensor], fakes: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """L_PP in nearest form: sum over the b synthetic images of the LPIPS to the nearest of the node's real
+    training images (features given, computed once), and the mean of those distances. The study's
+    all-pairs form sums each synthetic image's *mean* distance to the batch's reals, a push away from the
+    data as a whole; this one pushes each synthetic image away from the one real image it is closest
+    to, where a memorised member would be."""
+    nearest = perceptual.pairwise(perceptual.features(fakes), real_features).min(dim=1).values
+    return nearest.sum(), nearest.mean()

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedcli import console
+from fedcli.artifact_kinds import file_sha256
 from fedcli.errors import UserError
 from fedcli.rng import stream_seed
 from fedcli.weights import hub_checkpoint, load_state
@@ -41,19 +42,24 @@ def warn_fallback(name: str, message: str) -> None:
 class Perceptual(nn.Module):
     """Frozen LPIPS network; inputs are images in [-1, 1] with 1 or 3 channels."""
 
-    def __init__(self, net: str = "vgg", weights: Path | None = None):
+    def __init__(self, net: str = "vgg", weights: Path | None = None, random_seed: int | None = None):
+        """`random_seed`: a random backbone from that seed whatever weights exist (the audit's
+        independent network, `<net>-random-<seed>`); otherwise ImageNet weights when present."""
         super().__init__()
         import lpips
 
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(stream_seed(0, "lpips-random-backbone", net))
+                torch.manual_seed(stream_seed(random_seed or 0, "lpips-random-backbone", net))
                 model = lpips.LPIPS(net=net, pretrained=True, pnet_rand=True, verbose=False)
-        source = weights or hub_checkpoint(HUB_FILES[net])
-        if source is not None:
+        source = None if random_seed is not None else weights or hub_checkpoint(HUB_FILES[net])
+        self.weights_sha256 = None  # of the backbone's weights file, so the audit can check it uses the same
+        if random_seed is not None:
+            self.name, self.calibrated = f"{net}-random-{random_seed}", False
+        elif source is not None:
             self._load_backbone(model, load_state(Path(source), "LPIPS backbone weights"), net)
-            self.name, self.calibrated = net, True
+            self.name, self.calibrated, self.weights_sha256 = net, True, file_sha256(Path(source))
         else:
             self.name, self.calibrated = f"{net}-random", False
             warn_fallback(self.name, f"no ImageNet weights for the LPIPS {net} backbone (pass --lpips-weights or "

@@ -14,15 +14,20 @@ class TrainingProgress(ProgressBar):
         super().__init__(TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[status]}"))
         self.tasks = {1: self.progress.add_task(f"{node} phase 1", total=iterations, rate="", status=""),
                       2: self.progress.add_task(f"{node} phase 2", total=pp_iterations, rate="", status="",
-                                                start=False)}
-        self.fid = {1: math.nan, 2: math.nan}
+                                                start=False),
+                      "control": self.progress.add_task(f"{node} control", total=None, rate="", status="",
+                                                        start=False)}
+        self.fid = dict.fromkeys(self.tasks, math.nan)
+        self.previous = 1
 
     def update(self, row: dict) -> None:
         phase = row["phase"]
         task = self.tasks[phase]
-        if phase == 2 and row["iteration"] == 1:
-            self.progress.update(self.tasks[1], total=self.progress.tasks[self.tasks[1]].completed)
+        if phase != self.previous:  # the phase before ends where it stopped
+            done = self.tasks[self.previous]
+            self.progress.update(done, total=self.progress.tasks[done].completed)
             self.progress.start_task(task)
+            self.previous = phase
         if "fid" in row:
             self.fid[phase] = row["fid"]
         speed = self.progress.tasks[task].speed

@@ -26,14 +26,17 @@ def class_grid(generator, classes: list[int], seed: int, node: str, device: str,
 
 def write_samples(path: Path, generators: dict, classes: list[int], label_names: list[str], seed: int, node: str,
                   device: str, truncation: float = 1.0) -> None:
-    """Both generators' samples, at the buffer's truncation."""
+    """Every generator's samples (standard, privacy-preserving, control), at the buffer's truncation."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    titles = {"phase1": "standard GAN (phase 1)", "phase2": "privacy-preserving GAN (phase 2, buffer)"}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 0.55 * len(classes) + 1), dpi=90)
+    titles = {"phase1": "standard GAN (phase 1)", "phase2": "privacy-preserving GAN (phase 2, buffer)",
+              "control": "control (phase 2 at alpha 0)"}
+    fig, axes = plt.subplots(1, len(generators), figsize=(5 * len(generators), 0.55 * len(classes) + 1), dpi=90,
+                             squeeze=False)
+    axes = axes[0]
     for axis, (name, generator) in zip(axes, generators.items()):
         grid = class_grid(generator, classes, seed, node, device, truncation)
         axis.imshow(grid.squeeze(-1) if grid.shape[-1] == 1 else grid, cmap="gray", vmin=0, vmax=255)

@@ -1,7 +1,8 @@
 """The `train-gan` stage: per node, train the GAN, keep both phases' generators, sample the buffer.
 
 Writes `<exp>/gan/<node>/`: generator.safetensors (phase 2, privacy-preserving, EMA),
-generator_phase1.safetensors (standard GAN), buffer.safetensors, metrics.csv, samples.png and
+generator_phase1.safetensors (standard GAN), generator_control.safetensors (phase 2 at alpha = 0,
+the privacy generator's compute-matched control), buffer.safetensors, metrics.csv, samples.png and
 config.json (architecture, metric names, provenance). Each node folder is staged and renamed
 into place when complete.
 """
@@ -22,7 +23,7 @@ from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device, with_threads
-from fedcli.layout import BUFFER, GENERATOR, GENERATOR_PHASE1, gan_dir
+from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, gan_dir
 from fedcli.locking import locked
 from fedcli.errors import UserError
 from fedcli.fl.local import TensorSource
@@ -79,19 +80,19 @@ def node_feature_space(cfg: GanConfig, manifest: Manifest, node: str, seed: int,
 
 def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, classes: list[int], generators: dict,
                      buffer: TensorSource, train: TensorSource, device: str) -> dict | None:
-    """The released buffer's fidelity, with the standard (phase 1) generator's alongside under `phase1`;
-    None when --fidelity-seeds is 0."""
+    """The released buffer's fidelity, with the standard (phase 1) generator's and the control's alongside
+    under `phase1` and `control` (the same buffer draws from each); None when --fidelity-seeds is 0."""
     if not cfg.fidelity_seeds:
         return None
     test = NodeDataset(manifest, node, "test")
-    standard = TensorSource(*sample_buffer(generators["phase1"], classes, cfg.buffer_size, seed, node, device,
-                                           cfg.truncation))
+    others = {name: TensorSource(*sample_buffer(generators[name], classes, cfg.buffer_size, seed, node, device,
+                                                cfg.truncation)) for name in ("phase1", "control") if name in generators}
     budget = fidelity_budget(cfg, manifest)
-    scores = fidelity.score({"released": buffer, "phase1": standard}, train, TensorSource(test.images, test.labels),
+    scores = fidelity.score({"released": buffer, **others}, train, TensorSource(test.images, test.labels),
                             budget, in_channels=manifest["channels"], num_classes=manifest.num_classes, seed=seed,
                             node=node, device=device)
-    return scores["released"] | {"phase1": scores["phase1"], "test_images": len(test),
-                                 "classifier": dataclasses.asdict(budget)}
+    return scores["released"] | {name: scores[name] for name in others} | {
+        "test_images": len(test), "classifier": dataclasses.asdict(budget)}
 
 
 @with_threads
@@ -140,12 +141,12 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
                          features, stream, init_seed=stream_seed(seed, node, "gan-init"), device=device)
     rows: list[dict] = []
     with TrainingProgress(node, cfg.iterations, cfg.pp_iterations) as progress:
-        phase1, phase2 = run_phases(trainer, lambda row: (rows.append(row), progress.update(row)))
+        phase1, phase2, control = run_phases(trainer, lambda row: (rows.append(row), progress.update(row)))
     if phase2.iteration == 0:
         console.warn(f"node {node}: the first phase-2 FID already exceeded {cfg.fid_factor} x the phase-1 FID, so "
                      "the privacy-preserving generator is the standard one; lower --alpha or --fid-every")
     generators = {}
-    for name, result in (("phase1", phase1), ("phase2", phase2)):
+    for name, result in (("phase1", phase1), ("phase2", phase2), ("control", control)):
         generators[name] = Generator(arch).to(device)
         generators[name].load_state_dict(result.generator)
     images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, seed, node, device, cfg.truncation)
@@ -155,6 +156,7 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
     with staged_output(gan_dir(cfg.exp, node), cfg.overwrite) as out:
         save_tensors(out / GENERATOR, phase2.generator, {"phase": "2", "node": node})
         save_tensors(out / GENERATOR_PHASE1, phase1.generator, {"phase": "1", "node": node})
+        save_tensors(out / GENERATOR_CONTROL, control.generator, {"phase": "control", "node": node})
         save_tensors(out / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
         write_csv(out / "metrics.csv", metrics_frame(rows, names))
         write_samples(out / "samples.png", generators, classes, manifest["label_names"], seed, node, device,
@@ -163,7 +165,8 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
             "node": node, "classes": classes, "architecture": dataclasses.asdict(arch),
             "train_images": len(data), "device": device,
             "settings": dataclasses.asdict(trainer.s),
-            "lpips": {"net": cfg.lpips_net, "name": perceptual.name, "calibrated": perceptual.calibrated},
+            "lpips": {"net": cfg.lpips_net, "name": perceptual.name, "calibrated": perceptual.calibrated,
+                      "weights_sha256": perceptual.weights_sha256},
             "fid": {"name": features.name, "calibrated": features.calibrated},
             "metric_names": names,
             "phase1": {"fid": phase1.fid, "best_iteration": phase1.iteration, "iterations": phase1.iterations_run,
@@ -171,6 +174,7 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
             "phase2": {"fid": phase2.fid, "kept_iteration": phase2.iteration,
                        "iterations": phase2.iterations_run, "stopped": phase2.stopped,
                        "fid_limit": cfg.fid_factor * phase1.fid},
+            "control": {"fid": control.fid, "iterations": control.iterations_run, "alpha": 0.0},
             "buffer": {"size": cfg.buffer_size, "truncation": cfg.truncation, "sha256": file_sha256(out / BUFFER)},
             "fidelity": fidelity_scores,
         }

@@ -1,9 +1,10 @@
-"""Training one node's GAN: phase 1 (standard, FID early stopping) and phase 2 (privacy loss).
+"""Training one node's GAN: phase 1 (standard, FID early stopping), phase 2 (privacy loss) and its control.
 
 Phase 1 trains without L_PP and stops when FID has not improved for `patience` iterations; its
 best-FID snapshot is the "standard GAN". Phase 2 fine-tunes from that snapshot with
 L_G - alpha * L_PP and stops when FID exceeds `fid_factor` times the best phase-1 FID (or at
-its iteration cap); its generator is the last snapshot whose FID was within the factor.
+its iteration cap); its generator is the last snapshot whose FID was within the factor. The
+control generator is phase 2 again at alpha = 0, as many iterations as the kept snapshot had.
 Every random draw comes from the trainer's generator, keyed by (seed, node) by the caller.
 
 After StyleGAN2-ADA: lazy R1, an EMA generator whose half-life ramps up with the images seen,
@@ -38,6 +39,7 @@ class TrainSettings:
     ada_target: float = 0.6
     ada_kimg: float = 20.0  # images (thousands) for p to travel from 0 to 1
     alpha: float = 1.0
+    privacy_loss: str = "all-pairs"  # or "nearest" (losses.nearest_privacy_loss)
     iterations: int = 400  # phase-1 cap
     patience: int = 400
     pp_iterations: int = 200  # phase-2 cap
@@ -79,6 +81,11 @@ class GanTrainer:
         spread = float(real_features.double().var(dim=0).mean().sqrt())
         self.feature_scale = 1.0 if features.calibrated or spread == 0 else spread
         self.real_stats = fid.statistics(real_features / self.feature_scale)
+        self.real_lpips = None  # every real image's LPIPS features, for the nearest-form privacy loss
+        if settings.privacy_loss == "nearest":
+            with torch.no_grad():
+                chunks = [self.perceptual.features(self.reals[i:i + 256]) for i in range(0, len(self.reals), 256)]
+            self.real_lpips = [torch.cat(layer) for layer in zip(*chunks)]
 
     # -- sampling helpers ------------------------------------------------------------------
     def _randn(self, *shape: int) -> torch.Tensor:
@@ -143,7 +150,10 @@ class GanTrainer:
         metrics = {"loss_g": loss_g.item(), "loss_d": loss_d.item(), "r1": r1.item() if do_r1 else math.nan,
                    "ada_p": p, "rt": self.ada.rt}
         if alpha > 0:
-            l_pp, mean_pp = losses.privacy_loss(self.perceptual, reals, fakes)
+            if self.real_lpips is not None:
+                l_pp, mean_pp = losses.nearest_privacy_loss(self.perceptual, self.real_lpips, fakes)
+            else:
+                l_pp, mean_pp = losses.privacy_loss(self.perceptual, reals, fakes)
             loss_g = loss_g - alpha * l_pp
             metrics.update(l_pp=l_pp.item(), lpips_mean=mean_pp.item())
         self.opt_g.zero_grad(set_to_none=True)
@@ -178,17 +188,24 @@ class GanTrainer:
         return fid.frechet_distance(self.real_stats, fid.statistics(fake_features))
 
     def snapshot(self) -> dict:
+        """Everything the next iteration depends on: networks, optimisers, ADA, counters, the data order
+        and the random stream, so a restored trainer repeats exactly what it did from here."""
         return copy.deepcopy({"G": self.G.state_dict(), "D": self.D.state_dict(), "G_ema": self.G_ema.state_dict(),
                               "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-                              "ada": self.ada.state_dict()})
+                              "ada": self.ada.state_dict(), "iteration": self.iteration,
+                              "images_seen": self.images_seen, "order": self._order, "rng": self.rng.get_state()})
 
     def restore(self, state: dict) -> None:
+        state = copy.deepcopy(state)  # the optimisers would otherwise update the snapshot's tensors in place
         self.G.load_state_dict(state["G"])
         self.D.load_state_dict(state["D"])
         self.G_ema.load_state_dict(state["G_ema"])
         self.opt_g.load_state_dict(state["opt_g"])
         self.opt_d.load_state_dict(state["opt_d"])
         self.ada.load_state_dict(state["ada"])
+        self.iteration, self.images_seen = state["iteration"], state["images_seen"]
+        self._order = state["order"]
+        self.rng.set_state(state["rng"])
 
 
 def chunk_sizes(n: int, size: int) -> list[int]:
@@ -201,17 +218,44 @@ class PhaseResult:
     fid: float
     iteration: int
     iterations_run: int
-    stopped: str  # "cap" (iteration limit), "patience" (phase 1) or "fid-factor" (phase 2)
+    stopped: str  # "cap" (iteration limit), "patience" (phase 1), "fid-factor" (phase 2), "privacy-matched" (control)
 
 
-def run_phases(trainer: GanTrainer, log: Callable[[dict], None]) -> tuple[PhaseResult, PhaseResult]:
-    """Phase 1 then phase 2; `log` receives one row per iteration (with `fid` where evaluated)."""
+def run_phases(trainer: GanTrainer, log: Callable[[dict], None]) -> tuple[PhaseResult, PhaseResult, PhaseResult]:
+    """Phase 1, phase 2 and phase 2's control; `log` receives one row per iteration (with `fid` where
+    evaluated; the control's rows have phase "control").
+
+    The control repeats phase 2 from the same snapshot, with the same iterations, data order and
+    random draws, at alpha = 0: the privacy loss is the only difference between the two generators,
+    so the privacy effect is measured against it rather than against the shorter-trained snapshot."""
+    phase1, start = standard_phase(trainer, log)
+    trainer.restore(start)
+    privacy = privacy_phase(trainer, log, phase1.fid)
+    trainer.restore(start)
+    control = PhaseResult(phase1.generator, phase1.fid, 0, 0, "privacy-matched")
+    for j in range(1, privacy.iteration + 1):
+        row = {"phase": "control", "iteration": j, **trainer.step(alpha=0.0)}
+        if evaluated(j, trainer.s.pp_iterations, trainer.s.fid_every):  # the privacy run's draws, in its order
+            row["fid"] = control.fid = trainer.fid()
+        log(row)
+    if privacy.iteration:
+        control.generator, control.iteration = copy.deepcopy(trainer.G_ema.state_dict()), privacy.iteration
+        control.iterations_run = privacy.iteration
+    return phase1, privacy, control
+
+
+def evaluated(iteration: int, last: int, every: int) -> bool:
+    return iteration % every == 0 or iteration == last
+
+
+def standard_phase(trainer: GanTrainer, log: Callable[[dict], None]) -> tuple[PhaseResult, dict]:
+    """Phase 1, and the trainer's state at its best-FID snapshot."""
     s = trainer.s
     best_fid, best_state, best_iteration, since_best = math.inf, None, 0, 0
     stopped = "cap"
     for i in range(1, s.iterations + 1):
         row = {"phase": 1, "iteration": i, **trainer.step(alpha=0.0)}
-        if i % s.fid_every == 0 or i == s.iterations:
+        if evaluated(i, s.iterations, s.fid_every):
             row["fid"] = trainer.fid()
             if row["fid"] < best_fid:
                 best_fid, best_state, best_iteration, since_best = row["fid"], trainer.snapshot(), i, 0
@@ -221,20 +265,23 @@ def run_phases(trainer: GanTrainer, log: Callable[[dict], None]) -> tuple[PhaseR
         if since_best >= s.patience:
             stopped = "patience"
             break
-    phase1 = PhaseResult(copy.deepcopy(best_state["G_ema"]), best_fid, best_iteration, i, stopped)
+    return PhaseResult(copy.deepcopy(best_state["G_ema"]), best_fid, best_iteration, i, stopped), best_state
 
-    trainer.restore(best_state)
-    kept = PhaseResult(phase1.generator, best_fid, 0, 0, "cap")
-    limit = s.fid_factor * best_fid
+
+def privacy_phase(trainer: GanTrainer, log: Callable[[dict], None], phase1_fid: float) -> PhaseResult:
+    """Phase 2 from the trainer's current state: its last snapshot whose FID stayed within the factor."""
+    s = trainer.s
+    kept = PhaseResult(copy.deepcopy(trainer.G_ema.state_dict()), phase1_fid, 0, 0, "cap")
+    limit = s.fid_factor * phase1_fid
     for j in range(1, s.pp_iterations + 1):
         row = {"phase": 2, "iteration": j, **trainer.step(alpha=s.alpha)}
-        if j % s.fid_every == 0 or j == s.pp_iterations:
+        if evaluated(j, s.pp_iterations, s.fid_every):
             row["fid"] = trainer.fid()
             if row["fid"] > limit:
                 log(row)
                 kept.stopped, kept.iterations_run = "fid-factor", j
-                return phase1, kept
+                return kept
             kept = PhaseResult(copy.deepcopy(trainer.G_ema.state_dict()), row["fid"], j, j, "cap")
         log(row)
     kept.iterations_run = s.pp_iterations
-    return phase1, kept
+    return kept

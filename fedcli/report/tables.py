@@ -121,17 +121,20 @@ def cv_table(runs, nodes: list[str], metric: str = "accuracy") -> Table:
 
 
 def audit_table(summaries: list[dict]) -> Table:
-    """Per node: member projection LPIPS and membership AUROC, standard vs privacy-preserving GAN."""
+    """Per node: members' projection LPIPS under the control and privacy generators with their paired
+    effect, membership AUROC, reconstruction and buffer shares, and the verdict."""
     network = summaries[0]["lpips_network"] if summaries else "lpips"
-    table = Table(title=escape(f"privacy audit (projection LPIPS[{network}] of members; membership AUROC, 0.5 = "
-                               "no leak)"))
-    for column in ("node", "images/group", "LPIPS std", "LPIPS priv", "AUROC std", "AUROC priv", "AUROC L2 priv",
-                   "buffer share", "verdict"):
-        table.add_column(column, justify="left" if column in ("node", "verdict") else "right")
+    table = Table(title=escape(f"privacy audit (projection LPIPS[{network}] of members; effect = median privacy/"
+                               "control ratio per image; membership AUROC, 0.5 = no leak)"))
+    for column in ("node", "images/group", "LPIPS ctrl", "LPIPS priv", "effect", "AUROC std", "AUROC priv",
+                   "rebuilt m/nm", "buffer share", "verdict"):
+        table.add_column(column, justify="left" if column in ("node", "effect", "verdict") else "right")
     for s in summaries:
-        std, priv = s["generators"]["standard"], s["generators"]["privacy"]
-        table.add_row(s["node"], str(s["members"]), f"{std['member_lpips_mean']:.4f}",
-                      f"{priv['member_lpips_mean']:.4f}", f"{std['mia_lpips']['auroc']:.3f}",
-                      f"{priv['mia_lpips']['auroc']:.3f}", f"{priv['mia_l2']['auroc']:.3f}",
-                      f"{s['buffer']['share_nearest_is_member']:.3f}", s["verdict"]["result"])
+        ctrl, priv = s["generators"]["control"], s["generators"]["privacy"]
+        effect, rebuilt = s["privacy_effect"], priv["reconstruction_share"]
+        table.add_row(s["node"], str(s["members"]), f"{ctrl['member_lpips_mean']:.4f}",
+                      f"{priv['member_lpips_mean']:.4f}", f"{effect['median_ratio']:.3f} {effect['verdict']}",
+                      f"{s['generators']['standard']['mia']['auroc']:.3f}", f"{priv['mia']['auroc']:.3f}",
+                      f"{rebuilt['members']:.2f}/{rebuilt['non_members']:.2f}", f"{s['buffer']['dcr_share']:.3f}",
+                      s["verdict"]["result"])
     return table

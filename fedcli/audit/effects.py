@@ -1,0 +1,138 @@
+"""The audit's statistics: the privacy loss's paired effect, membership inference at resolvable error
+rates, reconstruction shares and the buffer's distance to closest record.
+
+Every test is one-sided at ALPHA = 0.01 and every interval is 95%. A rate is reported only where the
+images can resolve it (at least 10 / FPR non-members for a TPR at that FPR); otherwise the value is
+null with the reason, never interpolated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+ALPHA = 0.01
+FPRS = (0.1, 0.01, 0.001)
+EFFECT = 1.1  # a privacy effect counts when the median per-image distance ratio is at least this
+RESAMPLES = 2000
+
+
+def wilcoxon_greater(a: np.ndarray, b: np.ndarray) -> float:
+    """One-sided signed-rank p that a exceeds b pairwise; 1 when no pair differs."""
+    if not np.any(a != b):
+        return 1.0
+    return float(stats.wilcoxon(a, b, alternative="greater").pvalue)
+
+
+def bootstrap_interval(values: np.ndarray, statistic, rng: np.random.Generator) -> tuple[float, float]:
+    draws = rng.integers(0, len(values), size=(RESAMPLES, len(values)))
+    estimates = np.array([statistic(values[row]) for row in draws])
+    return float(np.quantile(estimates, 0.025)), float(np.quantile(estimates, 0.975))
+
+
+def paired_ratio(privacy: np.ndarray, control: np.ndarray, rng: np.random.Generator) -> dict:
+    """Per image, privacy distance / control distance of the same image: median, its bootstrap interval,
+    and the one-sided signed-rank p of privacy > control (p_value) and of privacy < control (p_reversed)."""
+    privacy, control = np.asarray(privacy, float), np.asarray(control, float)
+    ratios = (privacy + 1e-12) / (control + 1e-12)
+    low, high = bootstrap_interval(ratios, np.median, rng)
+    return {"median_ratio": float(np.median(ratios)), "ci_low": low, "ci_high": high,
+            "p_value": wilcoxon_greater(privacy, control), "p_reversed": wilcoxon_greater(control, privacy),
+            "images": int(len(ratios))}
+
+
+def privacy_effect(privacy: np.ndarray, control: np.ndarray, is_member: np.ndarray, rng: np.random.Generator
+                   ) -> dict:
+    """The members' paired effect, with the non-members' under `non_members` and a verdict: `significant`
+    (members' p < ALPHA, median ratio >= EFFECT, and members' ratios above the non-members' by a one-sided
+    Mann-Whitney p < ALPHA: a push away from every image is generalisation, not member protection),
+    `reversed` (the opposite one-sided paired test has p < ALPHA) or `none`."""
+    members = paired_ratio(privacy[is_member == 1], control[is_member == 1], rng)
+    others = paired_ratio(privacy[is_member == 0], control[is_member == 0], rng)
+    ratios = (np.asarray(privacy, float) + 1e-12) / (np.asarray(control, float) + 1e-12)
+    above = float(stats.mannwhitneyu(ratios[is_member == 1], ratios[is_member == 0], alternative="greater").pvalue)
+    if members["p_value"] < ALPHA and members["median_ratio"] >= EFFECT and above < ALPHA:
+        label = "significant"
+    elif members["p_reversed"] < ALPHA:
+        label = "reversed"
+    else:
+        label = "none"
+    return members | {"non_members": others, "p_members_above_non_members": above, "verdict": label}
+
+
+def clopper_pearson(hits: int, n: int) -> tuple[float, float]:
+    low = 0.0 if hits == 0 else float(stats.beta.ppf(0.025, hits, n - hits + 1))
+    high = 1.0 if hits == n else float(stats.beta.ppf(0.975, hits + 1, n - hits))
+    return low, high
+
+
+def tpr_at_fpr(member_scores: np.ndarray, other_scores: np.ndarray, fpr: float) -> dict:
+    """Flag scores above the threshold that lets at most floor(fpr x non-members) non-members through."""
+    allowed = math.floor(fpr * len(other_scores))
+    threshold = np.sort(other_scores)[::-1][allowed]
+    hits = int((member_scores > threshold).sum())
+    low, high = clopper_pearson(hits, len(member_scores))
+    return {"fpr": float((other_scores > threshold).mean()), "tpr": hits / len(member_scores), "ci_low": low,
+            "ci_high": high}
+
+
+def auroc(member_scores: np.ndarray, other_scores: np.ndarray) -> float:
+    ranks = stats.rankdata(np.concatenate([member_scores, other_scores]))
+    n1, n0 = len(member_scores), len(other_scores)
+    return float((ranks[:n1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def membership(distances: np.ndarray, is_member: np.ndarray, rng: np.random.Generator) -> dict:
+    """The GAN-Leaks attack `score = -distance` (members should be closer): AUROC with its bootstrap
+    interval (members and non-members resampled apart) and one-sided Mann-Whitney p of AUROC > 0.5,
+    average precision, TPR at each resolvable FPR, and at the lowest resolvable one."""
+    from sklearn.metrics import average_precision_score
+
+    scores = -np.asarray(distances, dtype=float)
+    members, others = scores[is_member == 1], scores[is_member == 0]
+    resampled = [auroc(rng.choice(members, len(members)), rng.choice(others, len(others)))
+                 for _ in range(RESAMPLES // 4)]
+    need = {fpr: math.ceil(10 / fpr) for fpr in FPRS}
+    out = {"auroc": auroc(members, others), "auroc_ci_low": float(np.quantile(resampled, 0.025)),
+           "auroc_ci_high": float(np.quantile(resampled, 0.975)),
+           "p_value": float(stats.mannwhitneyu(members, others, alternative="greater").pvalue),
+           "average_precision": float(average_precision_score(is_member, scores)),
+           "tpr_at_fpr": {str(fpr): tpr_at_fpr(members, others, fpr) if len(others) >= need[fpr] else None
+                          for fpr in FPRS},
+           "tpr_at_fpr_null_reason": {str(fpr): f"needs at least {need[fpr]} non-members, the audit has "
+                                      f"{len(others)}" for fpr in FPRS if len(others) < need[fpr]}}
+    lowest = 10 / len(others)
+    out["tpr_at_min_fpr"] = tpr_at_fpr(members, others, lowest) | {"min_fpr": lowest} if lowest < 1 else None
+    return out
+
+
+def share_test(member_hits: np.ndarray, other_hits: np.ndarray) -> dict:
+    """Shares of members and non-members with a property, and Fisher's one-sided p that members' is larger."""
+    a, b = int(member_hits.sum()), int(other_hits.sum())
+    table = [[a, len(member_hits) - a], [b, len(other_hits) - b]]
+    return {"members": a / len(member_hits), "non_members": b / len(other_hits),
+            "p_value": float(stats.fisher_exact(table, alternative="greater")[1])}
+
+
+def reconstruction_share(projection: np.ndarray, nearest_other: np.ndarray, is_member: np.ndarray) -> dict:
+    """Share of images whose projection is closer to them than their nearest other real image: a leak
+    when members' share exceeds non-members' (a generator that rebuilds unseen images as well generalises)."""
+    rebuilt = np.asarray(projection) < np.asarray(nearest_other)
+    shares = share_test(rebuilt[is_member == 1], rebuilt[is_member == 0])
+    return shares | {"leak": shares["p_value"] < ALPHA}
+
+
+def buffer_records(nearest_is_member: np.ndarray, buffer_to_members: np.ndarray,
+                   non_members_to_members: np.ndarray) -> dict:
+    """Distance to closest record: the share of synthetic images whose closest audited real image is a
+    member (0.5 when the buffer sits no closer to members than to equally many unseen images), with its
+    binomial one-sided p and 95% interval; and the 5th percentile of buffer-to-member distances against
+    the same percentile for unseen real images' distances to the members."""
+    hits, n = int(nearest_is_member.sum()), len(nearest_is_member)
+    low, high = clopper_pearson(hits, n)
+    return {"dcr_share": hits / n, "dcr_ci_low": low, "dcr_ci_high": high,
+            "dcr_p_value": float(stats.binomtest(hits, n, 0.5, alternative="greater").pvalue),
+            "p5_buffer_to_members": float(np.quantile(buffer_to_members, 0.05)),
+            "p5_non_members_to_members": float(np.quantile(non_members_to_members, 0.05))}
