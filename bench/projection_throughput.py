@@ -68,7 +68,8 @@ def main() -> None:
 
 def audit_cost_per_node(perceptual) -> None:
     arch = Architecture(resolution=16, channels=1, num_classes=10, channel_base=512, channel_max=64)
-    generator = Generator(arch).requires_grad_(False)
+    generator = Generator(arch).requires_grad_(False).to(memory_format=torch.channels_last)  # as the audit runs
+    perceptual = perceptual.to(memory_format=torch.channels_last)
     images, labels = load_digit_images()
     targets = F.interpolate(torch.from_numpy(images[:240]).unsqueeze(1), size=16, mode="bilinear") * 2 - 1
     means, spread = class_mean_w(generator, list(range(10)), 1000, torch.Generator().manual_seed(1))

@@ -115,8 +115,10 @@ def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[
 
 def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs, seed: int, device: str) -> dict:
     net = inputs.saved["lpips"]["net"]
-    perceptual = Perceptual(net, cfg.lpips_weights).to(device)
-    independent = Perceptual(net, random_seed=INDEPENDENT_SEED).to(device)
+    # channels-last: oneDNN's fast layout, 20% less per projection step on a CPU (bench/projection_throughput)
+    fast = {"device": device, "memory_format": torch.channels_last}
+    perceptual = Perceptual(net, cfg.lpips_weights).to(**fast)
+    independent = Perceptual(net, random_seed=INDEPENDENT_SEED).to(**fast)
     train, test = NodeDataset(manifest, node, "train"), NodeDataset(manifest, node, "test")
     member_idx, non_member_idx = matched_groups(train.records, test.records, cfg.max_images, seed, node)
     if len(member_idx) < min(MIN_GROUP, cfg.max_images):
@@ -127,7 +129,7 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     ids = [train.records[i]["id"] for i in member_idx] + [test.records[i]["id"] for i in non_member_idx]
     is_member = np.array([1] * len(member_idx) + [0] * len(non_member_idx))
     folder = gan_dir(cfg.exp, node)
-    generators = {name: generator.to(device) for name, generator in inputs.generators.items()}
+    generators = {name: generator.to(**fast) for name, generator in inputs.generators.items()}
     means, spread = class_mean_w(generators["standard"], sorted(set(labels.tolist())), W_AVG_SAMPLES,
                                  torch_stream(seed, node, "audit-w-mean"))
     w_start = torch.stack([means[int(c)] for c in labels])

@@ -86,7 +86,7 @@ def run(cfg: ReportConfig) -> Report:
         w.table(study.gan_summary(first))
         for node in first[0].gan_nodes:
             w.copy_figure(first[0].folder / "gan" / node / "samples.png", f"gan_{node}.png",
-                          f"Node {node}: real images and both generators' samples")
+                          f"Node {node}: samples of the standard, privacy-preserving and control generators")
         headline = None
         for label, reps in groups.items():
             w.lines += [f"## Federated learning{f' ({label})' if label else ''}", ""]
@@ -140,7 +140,7 @@ def privacy_figures(w: Writer, sub: SubExperiment) -> None:
         node = audit["node"]
         folder = sub.folder / "audit" / node
         w.copy_figure(folder / "histogram.png", f"audit_{node}_histogram.png",
-                      f"Node {node}: projection distance of members and non-members, both generators")
+                      f"Node {node}: members' projection distance under the control and privacy generators")
         w.copy_figure(folder / "pairs.png", f"audit_{node}_pairs.png",
                       f"Node {node}: real images and their best projections")
 

@@ -314,7 +314,8 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
                        "generator cannot rebuild them), under the control (phase 2 at alpha 0, same iterations and "
                        "draws) and the privacy-preserving generator; effect = median over members of the per-image "
                        "privacy/control ratio, with its one-sided signed-rank p, in pixels and in an audit-only "
-                       "LPIPS network; significant = p < 0.01, ratio >= 1.1 and above the non-members' ratio. "
+                       "LPIPS network; significant = p < 0.01, ratio >= 1.1 and members' ratios above the "
+                       "non-members' (Mann-Whitney p < 0.01). "
                        "Membership AUROC from the distance (0.5 = no leak); rebuilt = share of images whose "
                        "projection is closer than their nearest other real image; buffer member share = share of "
                        "synthetic images whose closest audited real image is a member (0.5 = none). Empirical "
@@ -361,6 +362,7 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
         if scored:
             rows[node] |= {"fidelity ratio": Stat.of([f["ratio"] for f in scored]),
                            "ratio standard": Stat.of([f["phase1"]["ratio"] for f in scored]),
+                           "ratio control": Stat.of([f.get("control", {}).get("ratio") for f in scored]),
                            "synthetic acc": Stat.of([f["synthetic_accuracy"] for f in scored]),
                            "real acc": Stat.of([f["real_accuracy"] for f in scored]),
                            "class fidelity": Stat.of([f["class_fidelity"] for f in scored])}
@@ -369,8 +371,9 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
     note = (f"{gans[0]['metric_names']['fid']}; the privacy generator trades FID for distance to the real images. "
             "Fidelity (no pretrained network): the federate classifier trained on the released buffer only "
             "(synthetic acc) or on the node's real training images (real acc), both tested on the node's real "
-            "test images, mean of the classifier seeds; ratio = synthetic / real, for the released buffer and for "
-            "the standard (phase 1) generator; class fidelity = the real classifier's accuracy on the buffer.")
+            "test images, mean of the classifier seeds; ratio = synthetic / real, for the released buffer, the "
+            "standard (phase 1) generator and the control (phase 2 at alpha 0), each from the same draws; class "
+            "fidelity = the real classifier's accuracy on the buffer.")
     settings = gans[0].get("settings")
     if settings:
         note += " " + settings_note(settings, gans[0]["config"], gans[0]["buffer"].get("truncation", 1.0))
