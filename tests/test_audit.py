@@ -93,7 +93,7 @@ def test_projection_recovers_an_image_the_generator_made(perceptual, tmp_path_fa
 
 def test_buffer_nearest_neighbours_equal_a_brute_force_search(perceptual):
     queries, pool = digits(7), digits(11, offset=300)
-    distance, index = scores.nearest(perceptual, queries, pool, chunk=4)
+    distance, index = scores.nearest(scores.distance_matrix(perceptual, queries, pool, chunk=4))
     rgb = lambda t: t.expand(-1, 3, -1, -1)  # noqa: E731
     brute = torch.tensor([[perceptual.model(rgb(q[None]), rgb(p[None])).item() for p in pool] for q in queries])
     assert torch.allclose(distance, brute.min(dim=1).values, atol=1e-6)
@@ -270,5 +270,6 @@ def test_an_images_projection_does_not_depend_on_its_batch_or_companions(percept
 
 def test_nearest_can_skip_each_querys_own_image(perceptual):
     pool = digits(6)
-    distance, index = scores.nearest(perceptual, pool[:3], pool, exclude=torch.tensor([0, 1, 2]))
+    matrix = scores.distance_matrix(perceptual, pool[:3], pool)
+    distance, index = scores.nearest(matrix, exclude=torch.tensor([0, 1, 2]))
     assert (index != torch.arange(3)).all() and (distance > 0).all()

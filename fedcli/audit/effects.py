@@ -32,15 +32,20 @@ def bootstrap_interval(values: np.ndarray, statistic, rng: np.random.Generator) 
     return float(np.quantile(estimates, 0.025)), float(np.quantile(estimates, 0.975))
 
 
+def ratios(privacy: np.ndarray, control: np.ndarray) -> np.ndarray:
+    """Per image, privacy distance / control distance of the same image (finite when both are 0)."""
+    return (np.asarray(privacy, float) + 1e-12) / (np.asarray(control, float) + 1e-12)
+
+
 def paired_ratio(privacy: np.ndarray, control: np.ndarray, rng: np.random.Generator) -> dict:
-    """Per image, privacy distance / control distance of the same image: median, its bootstrap interval,
-    and the one-sided signed-rank p of privacy > control (p_value) and of privacy < control (p_reversed)."""
+    """The per-image ratios' median, its bootstrap interval, and the one-sided signed-rank p of
+    privacy > control (p_value) and of privacy < control (p_reversed)."""
     privacy, control = np.asarray(privacy, float), np.asarray(control, float)
-    ratios = (privacy + 1e-12) / (control + 1e-12)
-    low, high = bootstrap_interval(ratios, np.median, rng)
-    return {"median_ratio": float(np.median(ratios)), "ci_low": low, "ci_high": high,
+    per_image = ratios(privacy, control)
+    low, high = bootstrap_interval(per_image, np.median, rng)
+    return {"median_ratio": float(np.median(per_image)), "ci_low": low, "ci_high": high,
             "p_value": wilcoxon_greater(privacy, control), "p_reversed": wilcoxon_greater(control, privacy),
-            "images": int(len(ratios))}
+            "images": int(len(per_image))}
 
 
 def privacy_effect(privacy: np.ndarray, control: np.ndarray, is_member: np.ndarray, rng: np.random.Generator
@@ -51,8 +56,9 @@ def privacy_effect(privacy: np.ndarray, control: np.ndarray, is_member: np.ndarr
     `reversed` (the opposite one-sided paired test has p < ALPHA) or `none`."""
     members = paired_ratio(privacy[is_member == 1], control[is_member == 1], rng)
     others = paired_ratio(privacy[is_member == 0], control[is_member == 0], rng)
-    ratios = (np.asarray(privacy, float) + 1e-12) / (np.asarray(control, float) + 1e-12)
-    above = float(stats.mannwhitneyu(ratios[is_member == 1], ratios[is_member == 0], alternative="greater").pvalue)
+    per_image = ratios(privacy, control)
+    above = float(stats.mannwhitneyu(per_image[is_member == 1], per_image[is_member == 0],
+                                     alternative="greater").pvalue)
     if members["p_value"] < ALPHA and members["median_ratio"] >= EFFECT and above < ALPHA:
         label = "significant"
     elif members["p_reversed"] < ALPHA:

@@ -125,7 +125,8 @@ def project(synthesis: Callable[..., torch.Tensor], targets: torch.Tensor, w_sta
         if noises is not None:
             with torch.no_grad():
                 for n in noises:
-                    n.sub_(n.mean(dim=(1, 2, 3), keepdim=True)).div_(n.square().mean(dim=(1, 2, 3), keepdim=True).sqrt())
+                    n.sub_(n.mean(dim=(1, 2, 3), keepdim=True))
+                    n.div_(n.square().mean(dim=(1, 2, 3), keepdim=True).sqrt())
         with torch.no_grad():
             improved = distances.detach() < best
             best = torch.where(improved, distances.detach(), best)

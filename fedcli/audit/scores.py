@@ -35,19 +35,18 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 7, sigma: float = 1.5) 
     return value.flatten(1).mean(dim=1)
 
 
-def nearest(perceptual, queries: torch.Tensor, pool: torch.Tensor, chunk: int = 256,
-            exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """LPIPS distance from each query to its nearest image in `pool`, and that image's index; query i
-    skips pool image exclude[i] (itself, when the queries are drawn from the pool)."""
+def distance_matrix(perceptual, queries: torch.Tensor, pool: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """(len(queries), len(pool)) LPIPS distances; each image's features computed once."""
+    pool_features = perceptual.features_of(pool, chunk)
     with torch.no_grad():
-        pool_features = [torch.cat(parts) for parts in zip(*(perceptual.features(pool[i:i + chunk])
-                                                             for i in range(0, len(pool), chunk)))]
-        best, index = [], []
-        for i in range(0, len(queries), chunk):
-            matrix = perceptual.pairwise(perceptual.features(queries[i:i + chunk]), pool_features)
-            if exclude is not None:
-                matrix[torch.arange(len(matrix)), exclude[i:i + chunk]] = float("inf")
-            values, where = matrix.min(dim=1)
-            best.append(values)
-            index.append(where)
-    return torch.cat(best), torch.cat(index)
+        return torch.cat([perceptual.pairwise(perceptual.features(queries[i:i + chunk]), pool_features)
+                          for i in range(0, len(queries), chunk)])
+
+
+def nearest(matrix: torch.Tensor, exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's smallest distance and its column; row i skips column exclude[i] (the query itself,
+    when the queries are drawn from the pool)."""
+    if exclude is not None:
+        matrix = matrix.clone()
+        matrix[torch.arange(len(matrix)), exclude] = float("inf")
+    return matrix.min(dim=1)

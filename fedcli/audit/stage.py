@@ -110,15 +110,22 @@ def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[
         console.warn(f"--optimize-noise at {manifest['image_size']} px: free noise maps can rebuild any image, "
                      "so projection distances say little about memorisation below 128 px")
     seed = manifest["seed"] if cfg.seed is None else cfg.seed
-    return [audit_node(cfg, manifest, node, inputs[node], seed, device) for node in nodes]
+    networks = {net: (fast_layout(Perceptual(net, cfg.lpips_weights), device),
+                      fast_layout(Perceptual(net, random_seed=INDEPENDENT_SEED), device))
+                for net in {inputs[node].saved["lpips"]["net"] for node in nodes}}
+    return [audit_node(cfg, manifest, node, inputs[node], seed, networks[inputs[node].saved["lpips"]["net"]], device)
+            for node in nodes]
 
 
-def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs, seed: int, device: str) -> dict:
-    net = inputs.saved["lpips"]["net"]
-    # channels-last: oneDNN's fast layout, 20% less per projection step on a CPU (bench/projection_throughput)
-    fast = {"device": device, "memory_format": torch.channels_last}
-    perceptual = Perceptual(net, cfg.lpips_weights).to(**fast)
-    independent = Perceptual(net, random_seed=INDEPENDENT_SEED).to(**fast)
+def fast_layout(module: torch.nn.Module, device: str) -> torch.nn.Module:
+    """channels-last: oneDNN's fast layout, 20% less per projection step on a CPU (bench/projection_throughput)."""
+    return module.to(device, memory_format=torch.channels_last)
+
+
+def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs, seed: int,
+               networks: tuple[Perceptual, Perceptual], device: str) -> dict:
+    """`networks`: the LPIPS the node's GAN was trained against, and the audit-only one."""
+    perceptual, independent = networks
     train, test = NodeDataset(manifest, node, "train"), NodeDataset(manifest, node, "test")
     member_idx, non_member_idx = matched_groups(train.records, test.records, cfg.max_images, seed, node)
     if len(member_idx) < min(MIN_GROUP, cfg.max_images):
@@ -129,7 +136,7 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     ids = [train.records[i]["id"] for i in member_idx] + [test.records[i]["id"] for i in non_member_idx]
     is_member = np.array([1] * len(member_idx) + [0] * len(non_member_idx))
     folder = gan_dir(cfg.exp, node)
-    generators = {name: generator.to(**fast) for name, generator in inputs.generators.items()}
+    generators = {name: fast_layout(generator, device) for name, generator in inputs.generators.items()}
     means, spread = class_mean_w(generators["standard"], sorted(set(labels.tolist())), W_AVG_SAMPLES,
                                  torch_stream(seed, node, "audit-w-mean"))
     w_start = torch.stack([means[int(c)] for c in labels])
@@ -159,15 +166,17 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
                   "lpips_independent": float(o), "l2": float(b), "ssim": float(c), "steps": cfg.steps}
                  for i, m, y, a, o, b, c in zip(ids, is_member, labels.tolist(), lp, other, l2, ss)]
     frame = pd.DataFrame(rows)
-    pool = to_float(torch.cat([train.images, test.images])).to(device)
-    own = torch.tensor(list(member_idx) + [len(train) + i for i in non_member_idx])
-    nearest_other, _ = scores.nearest(perceptual, images, pool, exclude=own.to(device))
+    # two LPIPS matrices serve every nearest-neighbour distance: audited images to all of the node's
+    # real images (train then test), and buffer to audited images (members first)
+    real = scores.distance_matrix(perceptual, images, to_float(torch.cat([train.images, test.images])).to(device))
+    own = torch.tensor(list(member_idx) + [len(train) + i for i in non_member_idx], device=device)
+    nearest_other, _ = scores.nearest(real, exclude=own)
+    non_members_to_members = real[len(member_idx):, member_idx].min(dim=1).values
     buffer_images = to_float(inputs.buffer).to(device)
-    real_to_buffer, _ = scores.nearest(perceptual, images, buffer_images)
-    buffer_to_real, nearest_real = scores.nearest(perceptual, buffer_images, images)
-    members = images[:len(member_idx)]
-    buffer_to_members, _ = scores.nearest(perceptual, buffer_images, members)
-    non_members_to_members, _ = scores.nearest(perceptual, images[len(member_idx):], members)
+    synthetic = scores.distance_matrix(perceptual, buffer_images, images)
+    buffer_to_real, nearest_real = scores.nearest(synthetic)
+    real_to_buffer = synthetic.min(dim=0).values
+    buffer_to_members = synthetic[:, :len(member_idx)].min(dim=1).values
     distances = {"real_to_buffer": real_to_buffer, "buffer_to_real": buffer_to_real, "nearest_real": nearest_real,
                  "nearest_other": nearest_other, "buffer_to_members": buffer_to_members,
                  "non_members_to_members": non_members_to_members}

@@ -96,6 +96,12 @@ class Perceptual(nn.Module):
         outputs = self._backbone(x)
         return [f / (f.square().sum(dim=1, keepdim=True).sqrt() + 1e-10) for f in outputs]
 
+    @torch.no_grad()
+    def features_of(self, images: torch.Tensor, chunk: int = 256) -> list[torch.Tensor]:
+        """`features` of many images, computed `chunk` at a time and joined per layer."""
+        parts = [self.features(images[i:i + chunk]) for i in range(0, len(images), chunk)]
+        return [torch.cat(layer) for layer in zip(*parts)]
+
     def pairwise(self, a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
         """(len(a), len(b)) LPIPS distances between every feature set in a and every one in b."""
         total = None

@@ -86,7 +86,7 @@ def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, c
         return None
     test = NodeDataset(manifest, node, "test")
     others = {name: TensorSource(*sample_buffer(generators[name], classes, cfg.buffer_size, seed, node, device,
-                                                cfg.truncation)) for name in ("phase1", "control") if name in generators}
+                                                cfg.truncation)) for name in ("phase1", "control")}
     budget = fidelity_budget(cfg, manifest)
     scores = fidelity.score({"released": buffer, **others}, train, TensorSource(test.images, test.labels),
                             budget, in_channels=manifest["channels"], num_classes=manifest.num_classes, seed=seed,
@@ -226,7 +226,8 @@ def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: s
     check_buffer_size(cfg.buffer_size, classes, node)
     arch = Architecture(**saved["architecture"])
     generators = {name: load_generator(folder, filename, arch, device)
-                  for name, filename in (("phase2", GENERATOR), ("phase1", GENERATOR_PHASE1))}
+                  for name, filename in (("phase2", GENERATOR), ("phase1", GENERATOR_PHASE1),
+                                         ("control", GENERATOR_CONTROL))}
     images, labels = sample_buffer(generators["phase2"], classes, cfg.buffer_size, saved["seed"], node, device,
                                    cfg.truncation)
     data = NodeDataset(manifest, node, "train")

@@ -81,11 +81,8 @@ class GanTrainer:
         spread = float(real_features.double().var(dim=0).mean().sqrt())
         self.feature_scale = 1.0 if features.calibrated or spread == 0 else spread
         self.real_stats = fid.statistics(real_features / self.feature_scale)
-        self.real_lpips = None  # every real image's LPIPS features, for the nearest-form privacy loss
-        if settings.privacy_loss == "nearest":
-            with torch.no_grad():
-                chunks = [self.perceptual.features(self.reals[i:i + 256]) for i in range(0, len(self.reals), 256)]
-            self.real_lpips = [torch.cat(layer) for layer in zip(*chunks)]
+        # every real image's LPIPS features, for the nearest-form privacy loss
+        self.real_lpips = self.perceptual.features_of(self.reals) if settings.privacy_loss == "nearest" else None
 
     # -- sampling helpers ------------------------------------------------------------------
     def _randn(self, *shape: int) -> torch.Tensor:
