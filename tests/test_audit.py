@@ -224,6 +224,8 @@ def test_bad_inputs(cli, audit_exp, tmp_path):
     assert "--steps" in cli.user_error("audit-privacy", "--exp", exp, "--steps", "0")
     (exp / "gan" / "node1" / "generator_phase1.safetensors").write_bytes(b"not a checkpoint")
     assert "corrupt" in cli.user_error("audit-privacy", "--exp", exp, "--node", "node1", *AUDIT_FAST)
+    line = cli.user_error("audit-privacy", "--exp", exp, *AUDIT_FAST, "--lpips-weights", tmp_path / "absent.pth")
+    assert "--lpips-weights" in line and "does not exist" in line
     (exp / "gan" / "node1" / "generator_control.safetensors").unlink()
     assert "control" in cli.user_error("audit-privacy", "--exp", exp, "--node", "node1", *AUDIT_FAST)
     fake_weights = tmp_path / "alexnet.pth"

@@ -119,6 +119,19 @@ def test_integer_translation_moves_pixels():
     assert moved[0, 0, 4, 1] == 1 and moved.sum() == 1
 
 
+def test_the_nearest_form_is_the_distance_to_the_closest_of_all_reals_not_the_batch_mean(perceptual):
+    """Same seeds, same first step: each fake's distance to its nearest real training image is at most
+    its mean distance to the batch's reals, so the nearest form's L_PP is the smaller one."""
+    images, labels = digit_images(32)
+    base = dict(batch=8, iterations=1, fid_every=1, fid_images=16)
+    l_pp = {}
+    for form in ("all-pairs", "nearest"):
+        trainer = make_trainer(perceptual, TrainSettings(privacy_loss=form, **base), images, labels % 2, tiny_arch())
+        l_pp[form] = trainer.step(alpha=1.0)["l_pp"]
+    assert trainer.real_lpips[0].shape[0] == 32  # every real training image, not the batch
+    assert 0 < l_pp["nearest"] < l_pp["all-pairs"]
+
+
 def test_r1_penalty_matches_a_hand_computation():
     a = torch.tensor(0.7)
 

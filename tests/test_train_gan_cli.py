@@ -115,6 +115,7 @@ def test_existing_output_buffer_size_alpha_and_weights(cli, tmp_path, gan_exp):
     assert "smaller than node node0's 10 classes" in cli.user_error("train-gan", "--exp", exp, *TINY,
                                                                     "--buffer-size", "5", "--overwrite")
     assert "--alpha" in cli.user_error("train-gan", "--exp", exp, *TINY, "--alpha", "-1", "--overwrite")
+    assert "nearest" in cli.user_error("train-gan", "--exp", exp, *TINY, "--privacy-loss", "closest", "--overwrite")
     assert "does not exist" in cli.user_error("train-gan", "--exp", exp, "--lpips-weights", tmp_path / "x.pth")
     assert "smaller than" in cli.user_error("train-gan", "--exp", exp, "--sample-only", "--buffer-size", "3")
     assert_gan_untouched(exp, before)
