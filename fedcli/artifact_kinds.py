@@ -20,7 +20,7 @@ from typing import Any
 
 from fedcli.artifacts import OLD, STAGING, parse_tensors, read_json, sha256_bytes, sha256_file
 from fedcli.errors import UserError
-from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, inside
+from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_RESEEDED, inside
 
 CONFIG = "config.json"
 SUB_EXPERIMENTS = ("runs", "select")  # <exp>/runs/<point>/ and <exp>/select/<point>/ hold whole experiments
@@ -53,7 +53,8 @@ KINDS: tuple[Kind, ...] = (
                         "audit/*/config.json"),
          "valid JSON; the inputs it names still hash to what it recorded (stale_inputs: fedcli run, report)"),
     Kind("partition summary", ("partition/summary.csv", "partition/summary.png"), ""),
-    Kind("generator", ("gan/*/" + GENERATOR, "gan/*/" + GENERATOR_PHASE1, "gan/*/" + GENERATOR_CONTROL),
+    Kind("generator", tuple("gan/*/" + name for name in (GENERATOR, GENERATOR_PHASE1, GENERATOR_CONTROL,
+                                                         GENERATOR_RESEEDED)),
          f"{RECORDED}; metadata names its node; tensors fit the architecture; finite values", recorded=True),
     Kind("buffer", ("gan/*/" + BUFFER,),
          f"{RECORDED}; metadata names its node and partition; uint8 images (N, C, S, S); one int64 label per "
@@ -235,14 +236,16 @@ def config_root(config: Path) -> Path | None:
 
 # audit/<node>'s input names
 AUDITED = {"standard": GENERATOR_PHASE1, "control": GENERATOR_CONTROL, "privacy": GENERATOR, "buffer": BUFFER}
+AUDITED_CONTROLS = {"reseeded": GENERATOR_RESEEDED}  # with audit-privacy --controls
 
 
 def input_file(key: str, folder: Path, root: Path) -> Path | None:
     """The file an input of `folder/config.json` names: `buffer:<node>` (federate) or an audited one."""
     if key.startswith("buffer:"):
         return inside(root, "gan", key.removeprefix("buffer:"), BUFFER)
-    if key in AUDITED and folder.parent.name == "audit":
-        return inside(root, "gan", folder.name, AUDITED[key])
+    audited = AUDITED | AUDITED_CONTROLS
+    if key in audited and folder.parent.name == "audit":
+        return inside(root, "gan", folder.name, audited[key])
     return None
 
 

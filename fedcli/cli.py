@@ -177,6 +177,9 @@ def train_gan(
     fidelity_batch: int = typer.Option(GanConfig.fidelity_batch, help="Fidelity classifier's batch (federate's --batch)."),
     fidelity_seeds: int = typer.Option(GanConfig.fidelity_seeds, help="Classifier seeds the fidelity score averages "
                                        "over; 0 skips it."),
+    controls: bool = typer.Option(GanConfig.controls, help="Also train the reseeded control (phase 2 at alpha 0 "
+                                  "from the same snapshot with another random stream): the null pair that "
+                                  "audit-privacy --controls needs."),
     sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "
                                      "the saved generator."),
     device: Device = typer.Option(GanConfig.device, help="auto (CUDA when present), cpu or cuda."),
@@ -299,6 +302,10 @@ def audit_privacy(
                                     "at most this (0.5 = no leak)."),
     min_distance: float = typer.Option(AuditConfig.min_distance, help="Verdict: fail if members' median LPIPS to "
                                        "the buffer is below this (0 disables)."),
+    controls: bool = typer.Option(AuditConfig.controls, help="Also audit generators whose answer is known: a "
+                                  "memoriser of the members (expected: fail), an untrained generator (not fail) "
+                                  "and the reseeded control against the control (privacy effect none; needs "
+                                  "train-gan --controls)."),
     strict: bool = typer.Option(AuditConfig.strict, help="Exit with code 1 when the verdict is fail."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     device: Device = typer.Option(AuditConfig.device, help="auto (CUDA when present), cpu or cuda."),
@@ -325,6 +332,10 @@ def audit_privacy(
                           f"vs control: {effect['verdict']} (median ratio {effect['median_ratio']:.3f}, 95% CI "
                           f"{effect['ci_low']:.3f}-{effect['ci_high']:.3f}, p = {effect['p_value']:.2g}; pixel "
                           f"{effect['pixel']['verdict']}, independent network {effect['independent']['verdict']})")
+        for name, control in s.get("controls", {}).items():
+            mark = "[green]holds[/green]" if control["holds"] else "[red]does not hold[/red]"
+            console.out.print(f"node {s['node']} control {name}: expected {control['expected']}, "
+                              f"{control['observed']}: {mark}")
     console.out.print("empirical attack scores, not a formal privacy guarantee")
     console.out.print(f"wrote {cfg.exp / 'audit'}")
     if cfg.strict and any(s["verdict"]["result"] == "fail" for s in summaries):
@@ -431,6 +442,47 @@ def predict(
         console.out.print(f"note: skipped {name}: {why}", markup=False, soft_wrap=True)
     console.out.print(result.summary(), markup=False, soft_wrap=True)
     console.out.print(f"wrote {result.out}", markup=False, soft_wrap=True)
+
+
+weights_app = typer.Typer(help="Pretrained ImageNet weights (LPIPS, FID, classifiers): what is present, and "
+                          "fetching them. `fetch` is the only fedcli command that downloads.", no_args_is_help=True)
+app.add_typer(weights_app, name="weights")
+
+
+@weights_app.command("status", epilog="Example: fedcli weights status")
+def weights_status() -> None:
+    """Which backbones are in the torch hub cache (hash-checked), and what fedcli uses where one is not."""
+    from rich.table import Table
+
+    from fedcli import weights
+
+    table = Table(title=f"pretrained weights in {weights.hub_dir()}")
+    for column in ("name", "used for", "file", "state", "in use"):
+        table.add_column(column, overflow="fold")
+    for backbone in weights.BACKBONES.values():
+        state = weights.state_of(backbone)
+        in_use = {"present": "calibrated (ImageNet weights)", "absent": f"fallback: {backbone.without}",
+                  "corrupt": "sha256 mismatch: delete it and run fedcli weights fetch"}[state]
+        table.add_row(backbone.name, backbone.use, backbone.filename, state, in_use)
+    console.out.print(table)
+
+
+@weights_app.command("fetch", epilog="Example: fedcli weights fetch vgg inception")
+def weights_fetch(
+    names: Optional[list[str]] = typer.Argument(None, help="Backbones to fetch \\[default: vgg, alex, inception] "
+                                                "(also resnet18, resnet50, densenet121).", show_default=False),
+) -> None:
+    """Download backbones into the torch hub cache through torchvision's weights API (sha256-checked),
+    where every stage looks for them. Needs the internet; stages themselves never download."""
+    from fedcli import weights
+
+    names = names or ["vgg", "alex", "inception"]
+    unknown = [name for name in names if name not in weights.BACKBONES]
+    if unknown:
+        raise UserError(f"unknown backbone {unknown[0]!r}; choose from {', '.join(weights.BACKBONES)}")
+    for name in dict.fromkeys(names):
+        console.out.print(f"{name}: fetching into {weights.hub_dir()} ...", markup=False, soft_wrap=True)
+        console.out.print(f"{name}: {weights.fetch(weights.BACKBONES[name])}", markup=False, soft_wrap=True)
 
 
 def main() -> None:

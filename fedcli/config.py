@@ -268,6 +268,7 @@ class GanConfig:
     fidelity_lr: float = ranged(1e-3, 0, 1, low_open=True)
     fidelity_batch: int = ranged(32, 2, MAX_BATCH, why="the classifier has BatchNorm")
     fidelity_seeds: int = ranged(3, 0, 100, why="0 skips the fidelity score")
+    controls: bool = False
     sample_only: bool = False
     device: Device = "auto"
     threads: int | None = ranged(None, 1, MAX_THREADS)
@@ -385,6 +386,7 @@ class AuditConfig:
     lpips_weights: Path | None = None
     max_auroc: float = ranged(0.6, 0.5, 1, why="0.5 is chance")
     min_distance: float = ranged(0.0, 0, 10, why="an LPIPS distance; 0 disables")
+    controls: bool = False
     strict: bool = False
     seed: int | None = ranged(None, 0, MAX_SEED)
     device: Device = "auto"

@@ -1,10 +1,14 @@
-"""Pretrained weights, offline: a file the user gives, else torchvision's file in the torch hub cache.
+"""Pretrained weights: a file the user gives, else torchvision's file in the torch hub cache.
 
-Nothing is downloaded. Files are read with `weights_only=True`, so loading runs no pickled code.
+Stages never download: `fedcli weights fetch` is the only code that does, and only when the user
+runs it, through torchvision's own weights API into the hub cache where the stages look. Files are
+read with `weights_only=True`, so loading runs no pickled code.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from pathlib import Path
 
 import torch
@@ -12,9 +16,42 @@ import torch
 from fedcli.errors import UserError
 
 
+@dataclasses.dataclass(frozen=True)
+class Backbone:
+    """An ImageNet network fedcli can use: torchvision's weights entry (`Enum.MEMBER` in
+    torchvision.models) and the hub cache's file name (the download URL's last part, whose `-<hex>.`
+    names a prefix of the file's sha256)."""
+
+    name: str
+    use: str
+    weights: str
+    filename: str
+    without: str  # what fedcli does when the file is absent
+
+
+BACKBONES = {b.name: b for b in (
+    Backbone("vgg", "LPIPS backbone, --lpips-net vgg (the study's)", "VGG16_Weights.IMAGENET1K_V1",
+             "vgg16-397923af.pth", "vgg-random: a fixed random VGG16, uncalibrated LPIPS"),
+    Backbone("alex", "LPIPS backbone, --lpips-net alex", "AlexNet_Weights.IMAGENET1K_V1",
+             "alexnet-owt-7be5be79.pth", "alex-random: a fixed random AlexNet, uncalibrated LPIPS"),
+    Backbone("inception", "FID features", "Inception_V3_Weights.IMAGENET1K_V1",
+             "inception_v3_google-0cc3c7bd.pth", "cnn-node: a small CNN trained on each node's images, uncalibrated FID"),
+    Backbone("resnet18", "classifier, --model resnet18 --pretrained", "ResNet18_Weights.IMAGENET1K_V1",
+             "resnet18-f37072fd.pth", "--pretrained refused; random initialisation"),
+    Backbone("resnet50", "classifier, --model resnet50 --pretrained", "ResNet50_Weights.IMAGENET1K_V2",
+             "resnet50-11ad3fa6.pth", "--pretrained refused; random initialisation"),
+    Backbone("densenet121", "classifier, --model densenet121 --pretrained", "DenseNet121_Weights.IMAGENET1K_V1",
+             "densenet121-a639ec97.pth", "--pretrained refused; random initialisation"),
+)}
+
+
+def hub_dir() -> Path:
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
 def hub_checkpoint(filename: str) -> Path | None:
     """torchvision's cached file `filename` (`$TORCH_HOME/hub/checkpoints/`), if it is there."""
-    path = Path(torch.hub.get_dir()) / "checkpoints" / filename
+    path = hub_dir() / filename
     return path if path.is_file() else None
 
 
@@ -35,3 +72,47 @@ def load_failure(exc: Exception) -> str:
         first = detail[0].split(". ")[0].strip() if detail else "unsupported content"
         return f"not loadable without running pickled code: {first[:160]}"
     return (text.strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def expected_prefix(filename: str) -> str:
+    match = torch.hub.HASH_REGEX.search(filename)
+    return match.group(1) if match else ""
+
+
+def state_of(backbone: Backbone) -> str:
+    """`present` (its sha256 starts with the prefix its name carries), `corrupt` or `absent`."""
+    path = hub_checkpoint(backbone.filename)
+    if path is None:
+        return "absent"
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return "present" if digest.hexdigest().startswith(expected_prefix(backbone.filename)) else "corrupt"
+
+
+def torchvision_weights(backbone: Backbone):
+    import torchvision.models
+
+    enum, member = backbone.weights.split(".")
+    return getattr(getattr(torchvision.models, enum), member)
+
+
+def fetch(backbone: Backbone) -> str:
+    """Download `backbone` into the hub cache with torchvision's weights API (hash-checked, then loaded
+    without pickled code); return what was done."""
+    state = state_of(backbone)
+    if state == "present":
+        return "already present"
+    if state == "corrupt":
+        raise UserError(f"{hub_dir() / backbone.filename} is there but its sha256 does not match its name; delete it "
+                        "and re-run fedcli weights fetch")
+    weights = torchvision_weights(backbone)
+    target = hub_dir() / backbone.filename
+    try:
+        weights.get_state_dict(progress=False, check_hash=True, file_name=backbone.filename, weights_only=True)
+    except Exception as exc:  # network, hash and load failures all end the same way
+        target.unlink(missing_ok=True)
+        raise UserError(f"could not fetch {backbone.name} from {weights.url} ({load_failure(exc)}); check the "
+                        f"connection, or download that file by hand into {hub_dir()}") from exc
+    return f"downloaded {target}"

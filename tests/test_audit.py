@@ -117,12 +117,13 @@ def summary(auroc: float, share: float, distance: float, n: int = 400, rebuilt: 
     members_rebuilt = np.arange(n) < rebuilt[0] * n
     others_rebuilt = np.arange(n) < rebuilt[1] * n
     projection = np.where(np.concatenate([members_rebuilt, others_rebuilt]), 0.0, 1.0)
-    buffer_hits = np.arange(2 * n) < share * 2 * n
+    # one synthetic image near each audited image, member or not as `share` says
+    nearest = np.concatenate([np.arange(round(share * 2 * n)) % n, n + np.arange(2 * n - round(share * 2 * n)) % n])
     return {"generators": {"privacy": {
                 "mia": effects.membership(distances, is_member, rng),
                 "reconstruction_share": effects.reconstruction_share(projection, np.full(2 * n, 0.5), is_member)}},
             "buffer": {"member_nearest_lpips_median": distance,
-                       **effects.buffer_records(buffer_hits, np.ones(3), np.ones(3))},
+                       **effects.buffer_records(nearest, is_member, np.ones(3), np.ones(3), rng)},
             "privacy_effect": {"verdict": "none"}}
 
 
@@ -139,6 +140,20 @@ def test_the_verdict_fails_on_evidence_of_a_leak_and_passes_only_on_evidence_aga
     # too few images: no leak shown, none ruled out
     few = verdict(summary(0.5, 0.5, 0.05, n=15), cfg)
     assert few["result"] == "inconclusive" and "upper bound" in few["reasons"][0]
+
+
+def test_the_buffer_test_counts_closest_records_not_synthetic_images():
+    """An untrained generator's samples are alike, so all can share one closest record: that is one
+    record, not hundreds of independent hits. Copies of many members are a leak."""
+    rng = np.random.default_rng(0)
+    is_member = np.array([1] * 200 + [0] * 200)
+    clustered = effects.buffer_records(np.zeros(500, dtype=int), is_member, np.ones(3), np.ones(3), rng)
+    assert clustered["dcr_share"] == 1.0 and clustered["dcr_records"] == 1
+    assert clustered["dcr_p_value"] > 0.3 and clustered["dcr_ci_high"] > 0.9
+    copies = effects.buffer_records(np.arange(500) % 150, is_member, np.ones(3), np.ones(3), rng)
+    assert copies["dcr_share"] == 1.0 and copies["dcr_p_value"] < 0.01 and copies["dcr_ci_low"] > 0.9
+    unseen = effects.buffer_records(rng.integers(0, 400, 500), is_member, np.ones(3), np.ones(3), rng)
+    assert unseen["dcr_p_value"] > 0.01 and unseen["dcr_ci_low"] < 0.5 < unseen["dcr_ci_high"]
 
 
 def test_the_paired_effect_is_significant_only_for_a_member_specific_push_and_reversed_for_a_pull():
@@ -181,7 +196,7 @@ def test_groups_are_size_matched_and_class_stratified():
 
 @pytest.fixture(scope="module")
 def audit_exp(tmp_path_factory):
-    return tiny_gan_exp(tmp_path_factory, nodes=2)
+    return tiny_gan_exp(tmp_path_factory, 2, "--controls")
 
 
 AUDIT_FAST = ["--max-images", "20", "--steps", "3"]
@@ -207,6 +222,25 @@ def test_audit_writes_scores_figures_and_provenance(cli, audit_exp, tmp_path):
         assert {effect[k]["verdict"] for k in ("pixel", "independent")} <= {"significant", "none", "reversed"}
         assert effect["non_members"]["images"] == 20
         assert result["independent_network"] != result["lpips_network"]
+
+
+def test_controls_behave_as_stated(cli, audit_exp, tmp_path):
+    """A memoriser of the members fails, an untrained generator does not, and the control against its
+    reseeded twin shows no privacy effect: the audit can fail, and its "none" is not blindness."""
+    exp = copy_exp(audit_exp, tmp_path)
+    output = cli.ok("audit-privacy", "--exp", exp, "--node", "node0", *AUDIT_FAST, "--controls").output
+    summary = json.loads((exp / "audit" / "node0" / "summary.json").read_text())
+    controls = summary["controls"]
+    assert controls["memoriser"]["verdict"]["result"] == "fail"
+    assert controls["data-free"]["verdict"]["result"] != "fail"
+    assert controls["reseeded"]["privacy_effect"]["verdict"] == "none"
+    assert all(control["holds"] for control in controls.values())
+    assert output.count("holds") == 3
+    config = json.loads((exp / "audit" / "node0" / "config.json").read_text())
+    assert "reseeded" in config["inputs"]
+    (exp / "gan" / "node1" / "generator_reseeded.safetensors").unlink()
+    assert "train-gan" in cli.user_error("audit-privacy", "--exp", exp, "--node", "node1", *AUDIT_FAST, "--controls")
+    assert not (exp / "audit" / "node1").exists()
 
 
 def test_strict_fails_the_exit_code_on_a_failing_verdict(cli, audit_exp, tmp_path):

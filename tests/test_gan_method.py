@@ -155,7 +155,7 @@ def test_phase_two_with_alpha_zero_continues_phase_one_exactly(perceptual):
     arch = tiny_arch()
     settings = TrainSettings(batch=8, iterations=4, patience=100, pp_iterations=4, fid_every=4, fid_images=16,
                              alpha=0.0, fid_factor=1e9)
-    _, phase2, _ = run_phases(make_trainer(perceptual, settings, images, labels, arch), lambda row: None)
+    _, phase2, _, _ = run_phases(make_trainer(perceptual, settings, images, labels, arch), lambda row: None)
     plain = make_trainer(perceptual, settings, images, labels, arch)
     for _ in range(4):
         plain.step(alpha=0.0)
@@ -177,7 +177,7 @@ def test_the_control_repeats_phase_two_without_the_privacy_loss(perceptual):
         rows = []
         settings = TrainSettings(alpha=alpha, **base)
         results[alpha] = run_phases(make_trainer(perceptual, settings, images, labels, arch), rows.append)
-        phase1, privacy, control = results[alpha]
+        phase1, privacy, control, _ = results[alpha]
         assert control.iteration == privacy.iteration == 5 and control.iterations_run == 5
         assert [r["iteration"] for r in rows if r["phase"] == "control"] == [1, 2, 3, 4, 5]
         same = all(torch.equal(privacy.generator[k], v) for k, v in control.generator.items())
@@ -186,12 +186,28 @@ def test_the_control_repeats_phase_two_without_the_privacy_loss(perceptual):
     assert all(torch.equal(results[0.0][2].generator[k], v) for k, v in results[2.0][2].generator.items())
 
 
+def test_a_reseeded_control_is_another_alpha_zero_continuation_and_changes_nothing_else(perceptual):
+    images, labels = digit_images(32)
+    arch = tiny_arch()
+    settings = TrainSettings(batch=8, iterations=4, patience=100, pp_iterations=4, fid_every=2, fid_images=16,
+                             fid_factor=1e9, alpha=1.0)
+    rows = []
+    plain = run_phases(make_trainer(perceptual, settings, images, labels % 2, arch), lambda row: None)
+    both = run_phases(make_trainer(perceptual, settings, images, labels % 2, arch), rows.append, reseed=7)
+    assert plain.reseeded is None
+    for a, b in zip(plain[:3], both[:3]):  # asking for the reseeded control leaves the released three alone
+        assert all(torch.equal(a.generator[k], v) for k, v in b.generator.items())
+    assert both.reseeded.iteration == both.control.iteration == 4
+    assert [r["iteration"] for r in rows if r["phase"] == "reseeded"] == [1, 2, 3, 4]
+    assert not all(torch.equal(both.control.generator[k], v) for k, v in both.reseeded.generator.items())
+
+
 def test_the_control_of_an_unkept_privacy_phase_is_the_standard_generator(perceptual):
     images, labels = digit_images(32)
     arch = tiny_arch()
     settings = TrainSettings(batch=8, iterations=4, patience=100, pp_iterations=4, fid_every=2, fid_images=16,
                              fid_factor=1e-9, alpha=1.0)  # the first phase-2 FID exceeds the factor
-    phase1, privacy, control = run_phases(make_trainer(perceptual, settings, images, labels % 2, arch),
+    phase1, privacy, control, _ = run_phases(make_trainer(perceptual, settings, images, labels % 2, arch),
                                           lambda row: None)
     assert privacy.iteration == control.iteration == 0
     assert all(torch.equal(phase1.generator[k], v) for k, v in control.generator.items())
@@ -220,7 +236,7 @@ def test_privacy_phase_moves_samples_away_from_memorisable_reals(perceptual):
     settings = TrainSettings(batch=16, iterations=600, patience=10 ** 6, pp_iterations=150, fid_every=25,
                              fid_images=64, alpha=3.0, ada_target=1.0, r1_gamma=0.01, ema_kimg=0.1)
     with torch_threads(1):
-        phase1, phase2, control = run_phases(make_trainer(perceptual, settings, images, labels, arch),
+        phase1, phase2, control, _ = run_phases(make_trainer(perceptual, settings, images, labels, arch),
                                              lambda row: None)
     assert phase2.iteration > 0, "the privacy phase kept no snapshot"
     assert phase2.fid <= settings.fid_factor * phase1.fid

@@ -18,6 +18,7 @@ from fedcli.config import METRIC_COLUMNS, ReportConfig
 from fedcli.report import build, figures, study
 from fedcli.report.collect import Stat, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
+from fedcli.report.tables import gan_table
 
 NODES = ("n0", "n1")
 # Each metric is a fixed multiple of the accuracy given, so a table in another metric is predictable.
@@ -80,11 +81,14 @@ def write_run(folder: Path, strategy: str, final: dict, rounds: int = 2, epochs:
                                                                                          index=False)
 
 
-def write_gan(folder: Path, node: str, fid1: float, fid2: float, alpha: float = 1.0) -> None:
+def write_gan(folder: Path, node: str, fid1: float, fid2: float, alpha: float = 1.0, kept: int = 100) -> None:
+    """`kept` < 100: the FID factor stopped phase 2 after the snapshot of iteration `kept`."""
+    phase2 = {"fid": fid2, "kept_iteration": kept} | ({"iterations": 100, "stopped": "cap"} if kept == 100
+                                                      else {"iterations": kept + 20, "stopped": "fid-factor"})
     write_json(folder / "gan" / node / "config.json", {
         "stage": "train-gan", "config": {"alpha": alpha}, "node": node,
         "metric_names": {"fid": "fid[alex-random]"}, "phase1": {"fid": fid1, "iterations": 400, "stopped": "cap"},
-        "phase2": {"fid": fid2, "iterations": 100, "stopped": "cap"}, "buffer": {"size": 512}})
+        "phase2": phase2, "buffer": {"size": 512}})
 
 
 def write_audit(folder: Path, node: str, lpips_ctrl: float, lpips_priv: float, auroc_std: float, auroc_priv: float,
@@ -157,7 +161,7 @@ def make_single(exp: Path) -> Path:
             cells = shared("global", own) if strategy == "fedavg" else own_cross(own, {("n0", "n1"): 0.0})
             write_run(root / strategy / f"fold{k}", strategy, cells, rounds=rounds, epochs=epochs, fold=k)
     write_gan(exp, "n0", 50.0, 60.0)
-    write_gan(exp, "n1", 40.0, 70.0)
+    write_gan(exp, "n1", 40.0, 70.0, kept=0)
     write_audit(exp, "n0", 0.01, 0.05, 0.70, 0.52, 0.50, "pass")
     write_audit(exp, "n1", 0.02, 0.06, 0.65, 0.55, 0.45, "fail")
     return exp
@@ -491,6 +495,24 @@ def test_partition_and_gan_summaries(single):
     assert_stat(cell(gan, "n1", "FID standard"), 40.0, 0.0, 1)
     assert_stat(cell(gan, "n1", "FID privacy"), 70.0, 0.0, 1)
     assert gan.frame.loc["n0", "iterations"] == "400 + 100" and gan.frame.loc["n0", "buffer"] == "512"
+    # n1's phase 2 broke the FID limit at its first check: the table and the note say so
+    assert gan.frame.loc["n0", "phase 2 kept"] == "100/100 (cap)"
+    assert gan.frame.loc["n1", "phase 2 kept"] == "0/20 (fid-factor)"
+    assert "FID limit" in gan.note and "on n1:" in gan.note
+
+
+def test_train_gan_table_says_when_the_fid_factor_left_the_standard_generator():
+    def summary(node, kept, run, stopped):
+        return {"node": node, "train_images": 10, "metric_names": {"fid": "fid[cnn-node]"},
+                "fid": {"calibrated": False}, "buffer": {"size": 30},
+                "phase1": {"fid": 5.0, "iterations": 40, "stopped": "cap"},
+                "phase2": {"fid": 6.0, "kept_iteration": kept, "iterations": run, "stopped": stopped}}
+
+    table = gan_table([summary("a", 0, 20, "fid-factor"), summary("b", 20, 40, "fid-factor"),
+                       summary("c", 60, 60, "cap")])
+    kept, stop = (list(table.columns[i].cells) for i in (6, 7))
+    assert kept == ["0/20", "20/40", "60/60"]
+    assert stop == ["fid-factor: = standard", "fid-factor", "cap"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ import pandas as pd
 import torch
 
 from fedcli import console
-from fedcli.artifact_kinds import AUDITED, file_sha256, record_files
+from fedcli.artifact_kinds import AUDITED, AUDITED_CONTROLS, file_sha256, record_files
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
-from fedcli.audit import effects, figures, scores
+from fedcli.audit import controls, effects, figures, scores
 from fedcli.audit.groups import matched_groups
 from fedcli.audit.progress import ProjectionProgress
 from fedcli.audit.projection import ProjectionSettings, class_mean_w, project
@@ -38,10 +38,10 @@ from fedcli.devices import resolve_device, with_threads
 from fedcli.errors import UserError
 from fedcli.gan.networks import Architecture, Generator
 from fedcli.gan.perceptual import HUB_FILES, Perceptual
-from fedcli.gan.buffer import load_buffer_file
+from fedcli.gan.buffer import load_buffer_file, sample_buffer
 from fedcli.gan.stage import load_generator, read_gan_config
 from fedcli.locking import locked
-from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, audit_dir, gan_dir
+from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_RESEEDED, audit_dir, gan_dir
 from fedcli.rng import numpy_stream, torch_stream
 from fedcli.weights import hub_checkpoint
 
@@ -56,8 +56,9 @@ class NodeInputs:
     """What a node's audit reads, loaded and checked before any node's projections run."""
 
     saved: dict  # the node's GAN config.json
-    generators: dict[str, Generator]  # "standard" and "privacy", on the CPU
+    generators: dict[str, Generator]  # "standard", "control" and "privacy", on the CPU
     buffer: torch.Tensor  # uint8 images
+    reseeded: Generator | None  # the reseeded control, with --controls
 
 
 def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> NodeInputs:
@@ -71,9 +72,13 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> NodeInputs:
     if saved["architecture"]["resolution"] != manifest["image_size"]:
         raise UserError(f"node {node}'s generator makes {saved['architecture']['resolution']} px images but the "
                         f"partition has {manifest['image_size']} px; re-run fedcli train-gan")
+    if cfg.controls and not (folder / GENERATOR_RESEEDED).is_file():
+        raise UserError(f"node {node} has no {GENERATOR_RESEEDED}, which --controls compares with the control; run "
+                        f"fedcli train-gan --exp {cfg.exp} --controls --overwrite")
     arch = Architecture(**saved["architecture"])
     generators = {name: load_generator(folder, file, arch) for name, file in GENERATORS.items()}
-    return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0])
+    reseeded = load_generator(folder, GENERATOR_RESEEDED, arch) if cfg.controls else None
+    return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], reseeded)
 
 
 def check_lpips(cfg: AuditConfig, saved: dict, node: str) -> None:
@@ -122,6 +127,22 @@ def fast_layout(module: torch.nn.Module, device: str) -> torch.nn.Module:
     return module.to(device, memory_format=torch.channels_last)
 
 
+@dataclasses.dataclass
+class Audited:
+    """A node's audited images: members first, then the size-matched non-members."""
+
+    images: torch.Tensor  # [-1, 1]
+    labels: torch.Tensor
+    ids: list[str]
+    is_member: np.ndarray
+    nearest_other: torch.Tensor  # each image's LPIPS to its nearest other real image of the node
+    non_members_to_members: torch.Tensor
+
+    @property
+    def members(self) -> int:
+        return int(self.is_member.sum())
+
+
 def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs, seed: int,
                networks: tuple[Perceptual, Perceptual], device: str) -> dict:
     """`networks`: the LPIPS the node's GAN was trained against, and the audit-only one."""
@@ -132,26 +153,70 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
         console.warn(f"node {node}: {len(member_idx)} images per group (members and non-members), fewer than "
                      f"{MIN_GROUP}: the scores are noisy")
     images = to_float(torch.cat([train.images[member_idx], test.images[non_member_idx]])).to(device)
-    labels = torch.cat([train.labels[member_idx], test.labels[non_member_idx]]).to(device)
-    ids = [train.records[i]["id"] for i in member_idx] + [test.records[i]["id"] for i in non_member_idx]
-    is_member = np.array([1] * len(member_idx) + [0] * len(non_member_idx))
-    folder = gan_dir(cfg.exp, node)
+    # one LPIPS matrix, audited images to all of the node's real images (train then test), serves
+    # every real-to-real nearest-neighbour distance
+    real = scores.distance_matrix(perceptual, images, to_float(torch.cat([train.images, test.images])).to(device))
+    own = torch.tensor(list(member_idx) + [len(train) + i for i in non_member_idx], device=device)
+    audited = Audited(images, torch.cat([train.labels[member_idx], test.labels[non_member_idx]]).to(device),
+                      [train.records[i]["id"] for i in member_idx] + [test.records[i]["id"] for i in non_member_idx],
+                      np.array([1] * len(member_idx) + [0] * len(non_member_idx)),
+                      scores.nearest(real, exclude=own)[0], real[len(member_idx):, member_idx].min(dim=1).values)
     generators = {name: fast_layout(generator, device) for name, generator in inputs.generators.items()}
-    means, spread = class_mean_w(generators["standard"], sorted(set(labels.tolist())), W_AVG_SAMPLES,
+    start = projection_start(generators["standard"], audited, seed, node)
+    frame, reconstructions = project_generators(cfg, generators, audited, start, networks, seed, node)
+    buffer_images = to_float(inputs.buffer).to(device)
+    buffer_distances = distances_to_buffer(perceptual, buffer_images, audited)
+    summary = summarize(frame, audited, buffer_distances, cfg, seed, node)
+    summary |= {"node": node, "members": len(member_idx), "non_members": len(non_member_idx),
+                "lpips_network": perceptual.name, "lpips_calibrated": perceptual.calibrated,
+                "lpips_weights_sha256": perceptual.weights_sha256, "independent_network": independent.name,
+                "steps": cfg.steps, "optimize_noise": cfg.optimize_noise,
+                "note": "empirical attack scores, not a formal privacy guarantee"}
+    if cfg.controls:
+        summary["controls"] = audit_controls(cfg, inputs, frame, audited, start, networks, seed, node, device)
+    folder = gan_dir(cfg.exp, node)
+    with staged_output(audit_dir(cfg.exp, node), cfg.overwrite) as out:
+        write_csv(out / "distances.csv", frame)
+        write_json(out / "summary.json", summary)
+        figures.histogram(out / "histogram.png", frame, node, perceptual.name, summary["privacy_effect"])
+        figures.pairs(out / "pairs.png", images[:len(member_idx)], reconstructions, node)
+        figures.nearest(out / "nearest.png", buffer_images, images,
+                        *(torch.from_numpy(buffer_distances[k]) for k in ("buffer_to_real", "nearest_real")), node)
+        figures.roc(out / "roc.png", frame, node)
+        audited_files = AUDITED | (AUDITED_CONTROLS if cfg.controls else {})
+        hashes = {"manifest": manifest.content_hash} | {name: file_sha256(folder / f)
+                                                         for name, f in audited_files.items()}
+        write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed, hashes)
+                   | {"files": record_files(out)})
+    return summary
+
+
+def projection_start(generator, audited: Audited, seed: int, node: str) -> tuple[torch.Tensor, float]:
+    """Each image's starting w (its class's mean w under `generator`'s mapping) and the spread of w."""
+    means, spread = class_mean_w(generator, sorted(set(audited.labels.tolist())), W_AVG_SAMPLES,
                                  torch_stream(seed, node, "audit-w-mean"))
-    w_start = torch.stack([means[int(c)] for c in labels])
+    return torch.stack([means[int(c)] for c in audited.labels]), spread
+
+
+def project_generators(cfg: AuditConfig, generators: dict, audited: Audited, start: tuple[torch.Tensor, float],
+                       networks: tuple[Perceptual, Perceptual], seed: int,
+                       node: str) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
+    """Every audited image projected into each generator from the same start and its own stream: one
+    row per (generator, image) with its distances, and each generator's reconstructions."""
+    perceptual, independent = networks
+    w_start, spread = start
     settings = ProjectionSettings(steps=cfg.steps, lr=cfg.lr)
     rows, reconstructions = [], {}
     for name, generator in generators.items():
         generator.requires_grad_(False)
         recon, lpips = [], []
-        with ProjectionProgress(f"{node} {name}", len(images), cfg.steps) as progress:
-            for start in range(0, len(images), cfg.batch_size):
-                chunk = slice(start, start + cfg.batch_size)
-                streams = [torch_stream(seed, node, "audit-project", image_id) for image_id in ids[chunk]]
+        with ProjectionProgress(f"{node} {name}", len(audited.images), cfg.steps) as progress:
+            for begin in range(0, len(audited.images), cfg.batch_size):
+                chunk = slice(begin, begin + cfg.batch_size)
+                streams = [torch_stream(seed, node, "audit-project", image_id) for image_id in audited.ids[chunk]]
                 layers = generator.noise_layers if cfg.optimize_noise else None
                 result = project(lambda w, noise=None, g=generator: g.synthesis(w, noise_mode="const", noise=noise),
-                                 images[chunk], w_start[chunk], perceptual, settings, streams, spread, layers,
+                                 audited.images[chunk], w_start[chunk], perceptual, settings, streams, spread, layers,
                                  on_step=progress.step)
                 recon.append(result.images)
                 lpips.append(result.lpips)
@@ -159,84 +224,99 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
         reconstructions[name] = torch.cat(recon)
         lp = torch.cat(lpips).cpu()
         with torch.no_grad():
-            other = independent(reconstructions[name], images).cpu()
-        l2 = scores.pixel_l2(reconstructions[name], images).cpu()
-        ss = scores.ssim(reconstructions[name], images).cpu()
+            other = independent(reconstructions[name], audited.images).cpu()
+        l2 = scores.pixel_l2(reconstructions[name], audited.images).cpu()
+        ss = scores.ssim(reconstructions[name], audited.images).cpu()
         rows += [{"image_id": i, "member": int(m), "label": int(y), "generator": name, "lpips": float(a),
                   "lpips_independent": float(o), "l2": float(b), "ssim": float(c), "steps": cfg.steps}
-                 for i, m, y, a, o, b, c in zip(ids, is_member, labels.tolist(), lp, other, l2, ss)]
-    frame = pd.DataFrame(rows)
-    # two LPIPS matrices serve every nearest-neighbour distance: audited images to all of the node's
-    # real images (train then test), and buffer to audited images (members first)
-    real = scores.distance_matrix(perceptual, images, to_float(torch.cat([train.images, test.images])).to(device))
-    own = torch.tensor(list(member_idx) + [len(train) + i for i in non_member_idx], device=device)
-    nearest_other, _ = scores.nearest(real, exclude=own)
-    non_members_to_members = real[len(member_idx):, member_idx].min(dim=1).values
-    buffer_images = to_float(inputs.buffer).to(device)
-    synthetic = scores.distance_matrix(perceptual, buffer_images, images)
+                 for i, m, y, a, o, b, c in zip(audited.ids, audited.is_member, audited.labels.tolist(), lp, other,
+                                                l2, ss)]
+    return pd.DataFrame(rows), reconstructions
+
+
+def distances_to_buffer(perceptual: Perceptual, buffer_images: torch.Tensor, audited: Audited) -> dict[str, np.ndarray]:
+    """From one LPIPS matrix, buffer to audited images (members first): each synthetic image's nearest
+    audited image and its distance, each audited image's distance to the buffer, and each synthetic
+    image's distance to the nearest member; with the real-to-real distances the buffer scores use."""
+    synthetic = scores.distance_matrix(perceptual, buffer_images, audited.images)
     buffer_to_real, nearest_real = scores.nearest(synthetic)
-    real_to_buffer = synthetic.min(dim=0).values
-    buffer_to_members = synthetic[:, :len(member_idx)].min(dim=1).values
-    distances = {"real_to_buffer": real_to_buffer, "buffer_to_real": buffer_to_real, "nearest_real": nearest_real,
-                 "nearest_other": nearest_other, "buffer_to_members": buffer_to_members,
-                 "non_members_to_members": non_members_to_members}
-    summary = summarize(frame, is_member, {k: v.cpu().numpy() for k, v in distances.items()}, cfg, seed, node)
-    summary |= {"node": node, "members": len(member_idx), "non_members": len(non_member_idx),
-                "lpips_network": perceptual.name, "lpips_calibrated": perceptual.calibrated,
-                "lpips_weights_sha256": perceptual.weights_sha256, "independent_network": independent.name,
-                "steps": cfg.steps, "optimize_noise": cfg.optimize_noise,
-                "note": "empirical attack scores, not a formal privacy guarantee"}
-    with staged_output(audit_dir(cfg.exp, node), cfg.overwrite) as out:
-        write_csv(out / "distances.csv", frame)
-        write_json(out / "summary.json", summary)
-        figures.histogram(out / "histogram.png", frame, node, perceptual.name, summary["privacy_effect"])
-        figures.pairs(out / "pairs.png", images[:len(member_idx)], reconstructions, node)
-        figures.nearest(out / "nearest.png", buffer_images, images, buffer_to_real.cpu(), nearest_real.cpu(), node)
-        figures.roc(out / "roc.png", frame, node)
-        hashes = {"manifest": manifest.content_hash} | {name: file_sha256(folder / f) for name, f in AUDITED.items()}
-        write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed, hashes)
-                   | {"files": record_files(out)})
-    return summary
+    distances = {"real_to_buffer": synthetic.min(dim=0).values, "buffer_to_real": buffer_to_real,
+                 "nearest_real": nearest_real, "buffer_to_members": synthetic[:, :audited.members].min(dim=1).values,
+                 "non_members_to_members": audited.non_members_to_members}
+    return {k: v.cpu().numpy() for k, v in distances.items()}
 
 
-def summarize(frame: pd.DataFrame, is_member: np.ndarray, distances: dict[str, np.ndarray], cfg: AuditConfig,
+def audit_controls(cfg: AuditConfig, inputs: NodeInputs, frame: pd.DataFrame, audited: Audited,
+                   start: tuple[torch.Tensor, float], networks: tuple[Perceptual, Perceptual], seed: int, node: str,
+                   device: str) -> dict:
+    """The controls of fedcli/audit/controls.py, each audited as the node's own generators are."""
+    arch = inputs.generators["standard"].arch
+    members = audited.images[:audited.members]
+    out = {}
+    for name, generator in (("memoriser", controls.memoriser(members, arch, seed, node)),
+                            ("data-free", controls.data_free(arch, seed, node))):
+        generator = fast_layout(generator, device)
+        own_frame, _ = project_generators(cfg, {"privacy": generator}, audited,
+                                          projection_start(generator, audited, seed, node), networks, seed, node)
+        buffer = sample_buffer(generator, sorted(set(inputs.saved["classes"])), len(inputs.buffer), seed, node,
+                               device)[0]
+        summary = summarize(own_frame, audited, distances_to_buffer(networks[0], to_float(buffer).to(device), audited),
+                            cfg, seed, node)
+        out[name] = controls.outcome(name, summary) | {"verdict": summary["verdict"],
+                                                       "mia": summary["generators"]["privacy"]["mia"]}
+    reseeded_frame, _ = project_generators(cfg, {"reseeded": fast_layout(inputs.reseeded, device)}, audited, start,
+                                           networks, seed, node)
+    pair = pd.concat([frame[frame.generator == "control"], reseeded_frame.assign(generator="privacy")])
+    effect = {"privacy_effect": paired_effects(pair, audited.is_member, seed, node, "control-reseeded")}
+    out["reseeded"] = controls.outcome("reseeded", effect) | effect
+    return out
+
+
+def summarize(frame: pd.DataFrame, audited: Audited, distances: dict[str, np.ndarray], cfg: AuditConfig,
               seed: int, node: str) -> dict:
-    def stream(*what):
-        return numpy_stream(seed, node, "audit-bootstrap", *what)
-
+    """Per generator in `frame`: projection distances, membership inference and reconstruction shares;
+    the paired privacy effect when it holds both the privacy generator and its control; the buffer's
+    records; and the verdict."""
+    is_member = audited.is_member
+    nearest_other = audited.nearest_other.cpu().numpy()
     out: dict = {"generators": {}}
-    by_generator = {name: group.reset_index(drop=True) for name, group in frame.groupby("generator", sort=False)}
-    for name, group in by_generator.items():
+    for name, group in frame.groupby("generator", sort=False):
         members, others = group[group.member == 1], group[group.member == 0]
         out["generators"][name] = {
             "member_lpips_mean": float(members.lpips.mean()), "member_lpips_median": float(members.lpips.median()),
             "non_member_lpips_mean": float(others.lpips.mean()),
             "member_l2_mean": float(members.l2.mean()), "member_ssim_mean": float(members.ssim.mean()),
-            "mia": effects.membership(group.lpips.to_numpy(), is_member, stream(name, "lpips")),
-            "mia_l2": effects.membership(group.l2.to_numpy(), is_member, stream(name, "l2")),
-            "reconstruction_share": effects.reconstruction_share(group.lpips.to_numpy(), distances["nearest_other"],
-                                                                 is_member),
+            "mia": effects.membership(group.lpips.to_numpy(), is_member,
+                                      numpy_stream(seed, node, "audit-bootstrap", name, "lpips")),
+            "mia_l2": effects.membership(group.l2.to_numpy(), is_member,
+                                         numpy_stream(seed, node, "audit-bootstrap", name, "l2")),
+            "reconstruction_share": effects.reconstruction_share(group.lpips.to_numpy(), nearest_other, is_member),
         }
-    privacy, control = by_generator["privacy"], by_generator["control"]
-    out["privacy_effect"] = effects.privacy_effect(privacy.lpips.to_numpy(), control.lpips.to_numpy(), is_member,
-                                                   stream("effect", "lpips"))
-    out["privacy_effect"]["pixel"] = effects.privacy_effect(privacy.l2.to_numpy(), control.l2.to_numpy(), is_member,
-                                                            stream("effect", "l2"))
-    out["privacy_effect"]["independent"] = effects.privacy_effect(
-        privacy.lpips_independent.to_numpy(), control.lpips_independent.to_numpy(), is_member,
-        stream("effect", "independent"))
-    n_members = int(is_member.sum())
+    if {"privacy", "control"} <= set(frame.generator):
+        out["privacy_effect"] = paired_effects(frame, is_member, seed, node, "effect")
     real_to_buffer = distances["real_to_buffer"]
     out["buffer"] = {
         "member_nearest_lpips_mean": float(real_to_buffer[is_member == 1].mean()),
         "member_nearest_lpips_median": float(np.median(real_to_buffer[is_member == 1])),
         "non_member_nearest_lpips_mean": float(real_to_buffer[is_member == 0].mean()),
         "synthetic_nearest_real_lpips_mean": float(distances["buffer_to_real"].mean()),
-        **effects.buffer_records(distances["nearest_real"] < n_members, distances["buffer_to_members"],
-                                 distances["non_members_to_members"]),
+        **effects.buffer_records(distances["nearest_real"], is_member, distances["buffer_to_members"],
+                                 distances["non_members_to_members"], numpy_stream(seed, node, "audit-buffer")),
     }
     out["verdict"] = verdict(out, cfg)
     return out
+
+
+def paired_effects(frame: pd.DataFrame, is_member: np.ndarray, seed: int, node: str, purpose: str) -> dict:
+    """The privacy generator's per-image effect against the control's, in the training LPIPS, in pixels
+    (`pixel`) and in the audit-only network (`independent`)."""
+    privacy = frame[frame.generator == "privacy"].reset_index(drop=True)
+    control = frame[frame.generator == "control"].reset_index(drop=True)
+    effect = {}
+    for key, column in (("lpips", "lpips"), ("l2", "l2"), ("independent", "lpips_independent")):
+        effect[key] = effects.privacy_effect(privacy[column].to_numpy(), control[column].to_numpy(), is_member,
+                                             numpy_stream(seed, node, "audit-bootstrap", purpose, key))
+    return effect.pop("lpips") | {"pixel": effect["l2"], "independent": effect["independent"]}
 
 
 def verdict(summary: dict, cfg: AuditConfig) -> dict:
@@ -269,6 +349,7 @@ def verdict(summary: dict, cfg: AuditConfig) -> dict:
         doubts.append(f"buffer member share's 95% upper bound {buffer['dcr_ci_high']:.3f} > {threshold}: too few "
                       "images to rule out a leak")
     result = "fail" if reasons else "inconclusive" if doubts else "pass"
-    return {"result": result, "reasons": reasons or doubts, "privacy_effect": summary["privacy_effect"]["verdict"],
+    return {"result": result, "reasons": reasons or doubts,
+            "privacy_effect": summary["privacy_effect"]["verdict"] if "privacy_effect" in summary else None,
             "thresholds": {"max_auroc": threshold, "min_distance": cfg.min_distance, "alpha": effects.ALPHA,
                            "effect_ratio": effects.EFFECT}}

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedcli.gan.perceptual import warn_fallback
-from fedcli.weights import hub_checkpoint, load_state
+from fedcli.weights import BACKBONES, hub_checkpoint, load_state
 
-INCEPTION_FILE = "inception_v3_google-0cc3c7bd.pth"
+INCEPTION_FILE = BACKBONES["inception"].filename
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CLASSIFIER_NAME = "cnn-node"
@@ -46,9 +46,10 @@ def inception_space(weights: Path | None, device: str = "cpu") -> FeatureSpace |
     """Inception-v3's pool features from `weights` or the hub cache; None (and a warning) when absent."""
     source = weights or hub_checkpoint(INCEPTION_FILE)
     if source is None:
-        warn_fallback("fid-classifier", f"no Inception weights for FID (pass --fid-weights or put {INCEPTION_FILE} "
-                      "in the torch hub cache); FID uses the features of a small CNN trained on each node's "
-                      f"training images, named 'fid[{CLASSIFIER_NAME}]', uncalibrated")
+        warn_fallback("fid-classifier", f"no Inception weights for FID (fedcli weights fetch inception puts "
+                      f"{INCEPTION_FILE} in the torch hub cache, or pass --fid-weights); FID uses the features "
+                      f"of a small CNN trained on each node's training images, named 'fid[{CLASSIFIER_NAME}]', "
+                      "uncalibrated")
         return None
     from torchvision.models import inception_v3
 

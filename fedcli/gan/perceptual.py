@@ -25,11 +25,11 @@ from fedcli import console
 from fedcli.artifact_kinds import file_sha256
 from fedcli.errors import UserError
 from fedcli.rng import stream_seed
-from fedcli.weights import hub_checkpoint, load_state
+from fedcli.weights import BACKBONES, hub_checkpoint, load_state
 
 # torchvision's file names for the ImageNet backbones, as torch.hub caches them
 MIN_SIZE = 32
-HUB_FILES = {"vgg": "vgg16-397923af.pth", "alex": "alexnet-owt-7be5be79.pth"}
+HUB_FILES = {net: BACKBONES[net].filename for net in ("vgg", "alex")}
 _warned: set[str] = set()
 
 
@@ -62,9 +62,9 @@ class Perceptual(nn.Module):
             self.name, self.calibrated, self.weights_sha256 = net, True, file_sha256(Path(source))
         else:
             self.name, self.calibrated = f"{net}-random", False
-            warn_fallback(self.name, f"no ImageNet weights for the LPIPS {net} backbone (pass --lpips-weights or "
-                          f"put {HUB_FILES[net]} in the torch hub cache); using a fixed random {net}, named "
-                          f"'{self.name}': its distances are uncalibrated")
+            warn_fallback(self.name, f"no ImageNet weights for the LPIPS {net} backbone (fedcli weights fetch {net} "
+                          f"puts {HUB_FILES[net]} in the torch hub cache, or pass --lpips-weights); using a fixed "
+                          f"random {net}, named '{self.name}': its distances are uncalibrated")
         self.model = model.eval().requires_grad_(False)
         self.lin_weights = [lin.model[-1].weight.detach().flatten() for lin in model.lins]
 

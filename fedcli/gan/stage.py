@@ -2,7 +2,8 @@
 
 Writes `<exp>/gan/<node>/`: generator.safetensors (phase 2, privacy-preserving, EMA),
 generator_phase1.safetensors (standard GAN), generator_control.safetensors (phase 2 at alpha = 0,
-the privacy generator's compute-matched control), buffer.safetensors, metrics.csv, samples.png and
+the privacy generator's compute-matched control), with --controls generator_reseeded.safetensors
+(the control from another random stream), buffer.safetensors, metrics.csv, samples.png and
 config.json (architecture, metric names, provenance). Each node folder is staged and renamed
 into place when complete.
 """
@@ -23,7 +24,7 @@ from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device, with_threads
-from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, gan_dir
+from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_RESEEDED, gan_dir
 from fedcli.locking import locked
 from fedcli.errors import UserError
 from fedcli.fl.local import TensorSource
@@ -140,8 +141,10 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
     trainer = GanTrainer(arch, settings(cfg, arch.resolution), to_float(data.images), data.labels, perceptual,
                          features, stream, init_seed=stream_seed(seed, node, "gan-init"), device=device)
     rows: list[dict] = []
-    with TrainingProgress(node, cfg.iterations, cfg.pp_iterations) as progress:
-        phase1, phase2, control = run_phases(trainer, lambda row: (rows.append(row), progress.update(row)))
+    with TrainingProgress(node, cfg.iterations, cfg.pp_iterations, cfg.controls) as progress:
+        reseed = stream_seed(seed, node, "train-gan-reseeded") if cfg.controls else None
+        phase1, phase2, control, reseeded = run_phases(trainer, lambda row: (rows.append(row), progress.update(row)),
+                                                       reseed)
     if phase2.iteration == 0:
         console.warn(f"node {node}: the first phase-2 FID already exceeded {cfg.fid_factor} x the phase-1 FID, so "
                      "the privacy-preserving generator is the standard one; lower --alpha or --fid-every")
@@ -157,6 +160,8 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
         save_tensors(out / GENERATOR, phase2.generator, {"phase": "2", "node": node})
         save_tensors(out / GENERATOR_PHASE1, phase1.generator, {"phase": "1", "node": node})
         save_tensors(out / GENERATOR_CONTROL, control.generator, {"phase": "control", "node": node})
+        if reseeded is not None:
+            save_tensors(out / GENERATOR_RESEEDED, reseeded.generator, {"phase": "reseeded", "node": node})
         save_tensors(out / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
         write_csv(out / "metrics.csv", metrics_frame(rows, names))
         write_samples(out / "samples.png", generators, classes, manifest["label_names"], seed, node, device,
@@ -175,6 +180,8 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
                        "iterations": phase2.iterations_run, "stopped": phase2.stopped,
                        "fid_limit": cfg.fid_factor * phase1.fid},
             "control": {"fid": control.fid, "iterations": control.iterations_run, "alpha": 0.0},
+            **({"reseeded": {"fid": reseeded.fid, "iterations": reseeded.iterations_run, "alpha": 0.0,
+                             "stream": "train-gan-reseeded"}} if reseeded is not None else {}),
             "buffer": {"size": cfg.buffer_size, "truncation": cfg.truncation, "sha256": file_sha256(out / BUFFER)},
             "fidelity": fidelity_scores,
         }

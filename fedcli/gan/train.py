@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -184,6 +185,10 @@ class GanTrainer:
         fake_features = self._embed(fakes.clamp(-1, 1)) / self.feature_scale
         return fid.frechet_distance(self.real_stats, fid.statistics(fake_features))
 
+    def redraw_order(self) -> None:
+        """Forget the rest of the current pass over the data, so the next pass is drawn from the stream."""
+        self._order = torch.empty(0, dtype=torch.long)
+
     def snapshot(self) -> dict:
         """Everything the next iteration depends on: networks, optimisers, ADA, counters, the data order
         and the random stream, so a restored trainer repeats exactly what it did from here."""
@@ -218,27 +223,50 @@ class PhaseResult:
     stopped: str  # "cap" (iteration limit), "patience" (phase 1), "fid-factor" (phase 2), "privacy-matched" (control)
 
 
-def run_phases(trainer: GanTrainer, log: Callable[[dict], None]) -> tuple[PhaseResult, PhaseResult, PhaseResult]:
+class Phases(NamedTuple):
+    phase1: PhaseResult
+    privacy: PhaseResult
+    control: PhaseResult
+    reseeded: PhaseResult | None  # the control again from another random stream, when asked for
+
+
+def run_phases(trainer: GanTrainer, log: Callable[[dict], None], reseed: int | None = None) -> Phases:
     """Phase 1, phase 2 and phase 2's control; `log` receives one row per iteration (with `fid` where
     evaluated; the control's rows have phase "control").
 
     The control repeats phase 2 from the same snapshot, with the same iterations, data order and
     random draws, at alpha = 0: the privacy loss is the only difference between the two generators,
-    so the privacy effect is measured against it rather than against the shorter-trained snapshot."""
+    so the privacy effect is measured against it rather than against the shorter-trained snapshot.
+    With `reseed`, the control runs once more from the same snapshot with its random stream (data
+    order, latents, augmentation) reseeded: a null pair for the audit's controls, whose paired effect
+    must come out as none."""
     phase1, start = standard_phase(trainer, log)
     trainer.restore(start)
     privacy = privacy_phase(trainer, log, phase1.fid)
     trainer.restore(start)
-    control = PhaseResult(phase1.generator, phase1.fid, 0, 0, "privacy-matched")
-    for j in range(1, privacy.iteration + 1):
-        row = {"phase": "control", "iteration": j, **trainer.step(alpha=0.0)}
+    control = continuation(trainer, privacy.iteration, phase1, "control", log)
+    reseeded = None
+    if reseed is not None:
+        trainer.restore(start)
+        trainer.rng.manual_seed(reseed)
+        trainer.redraw_order()
+        reseeded = continuation(trainer, privacy.iteration, phase1, "reseeded", log)
+    return Phases(phase1, privacy, control, reseeded)
+
+
+def continuation(trainer: GanTrainer, iterations: int, phase1: PhaseResult, name: str,
+                 log: Callable[[dict], None]) -> PhaseResult:
+    """`iterations` of phase 2 at alpha = 0 from the trainer's state, evaluated where phase 2 was."""
+    result = PhaseResult(phase1.generator, phase1.fid, 0, 0, "privacy-matched")
+    for j in range(1, iterations + 1):
+        row = {"phase": name, "iteration": j, **trainer.step(alpha=0.0)}
         if evaluated(j, trainer.s.pp_iterations, trainer.s.fid_every):  # the privacy run's draws, in its order
-            row["fid"] = control.fid = trainer.fid()
+            row["fid"] = result.fid = trainer.fid()
         log(row)
-    if privacy.iteration:
-        control.generator, control.iteration = copy.deepcopy(trainer.G_ema.state_dict()), privacy.iteration
-        control.iterations_run = privacy.iteration
-    return phase1, privacy, control
+    if iterations:
+        result.generator, result.iteration = copy.deepcopy(trainer.G_ema.state_dict()), iterations
+        result.iterations_run = iterations
+    return result
 
 
 def evaluated(iteration: int, last: int, every: int) -> bool:

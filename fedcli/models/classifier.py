@@ -15,11 +15,10 @@ import torch
 from torch import nn
 
 from fedcli.errors import UserError
-from fedcli.weights import hub_checkpoint, load_state
+from fedcli.weights import BACKBONES, hub_checkpoint, load_state
 
-HUB_FILES = {"resnet18": "resnet18-f37072fd.pth", "resnet50": "resnet50-11ad3fa6.pth",
-             "densenet121": "densenet121-a639ec97.pth"}
 MODELS = ("cnn", "resnet18", "resnet50", "densenet121")
+HUB_FILES = {name: BACKBONES[name].filename for name in MODELS[1:]}
 
 
 class SmallCNN(nn.Module):
@@ -44,8 +43,8 @@ class SmallCNN(nn.Module):
 def imagenet_state(name: str, weights: Path | None) -> dict:
     path = Path(weights) if weights else hub_checkpoint(HUB_FILES[name])
     if path is None:
-        raise UserError(f"no ImageNet weights for {name}: put {HUB_FILES[name]} in the torch hub cache or pass "
-                        "--model-weights, or drop --pretrained")
+        raise UserError(f"no ImageNet weights for {name}: run fedcli weights fetch {name} (it puts "
+                        f"{HUB_FILES[name]} in the torch hub cache), pass --model-weights, or drop --pretrained")
     return load_state(path, f"ImageNet weights for {name}")
 
 

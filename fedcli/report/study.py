@@ -357,6 +357,7 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
         rows[node] = {"FID standard": Stat.of([g["phase1"]["fid"] for g in mine]),
                       "FID privacy": Stat.of([g["phase2"]["fid"] for g in mine]),
                       "iterations": f"{mine[0]['phase1']['iterations']} + {mine[0]['phase2']['iterations']}",
+                      "phase 2 kept": ", ".join(dict.fromkeys(phase2_kept(g["phase2"]) for g in mine)),
                       "buffer": str(mine[0]["buffer"]["size"])}
         scored = [g["fidelity"] for g in mine if g.get("fidelity")]
         if scored:
@@ -374,10 +375,20 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
             "test images, mean of the classifier seeds; ratio = synthetic / real, for the released buffer, the "
             "standard (phase 1) generator and the control (phase 2 at alpha 0), each from the same draws; class "
             "fidelity = the real classifier's accuracy on the buffer.")
+    stopped = sorted({g["node"] for g in gans if g["phase2"]["stopped"] == "fid-factor"})
+    if stopped:
+        note += (" Phase 2 exceeded its FID limit (--fid-factor x the best phase-1 FID) on "
+                 f"{', '.join(stopped)}: the privacy generator is the last snapshot within the limit, and the "
+                 "standard generator itself where none was (kept iteration 0).")
     settings = gans[0].get("settings")
     if settings:
         note += " " + settings_note(settings, gans[0]["config"], gans[0]["buffer"].get("truncation", 1.0))
     return ReportTable("gan_summary", title, pd.DataFrame(rows).T, note, rows_are="node")
+
+
+def phase2_kept(phase2: dict) -> str:
+    """The kept privacy snapshot's iteration of those run, and why phase 2 stopped."""
+    return f"{phase2['kept_iteration']}/{phase2['iterations']} ({phase2['stopped']})"
 
 
 def settings_note(settings: dict, config: dict, truncation: float) -> str:

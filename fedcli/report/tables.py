@@ -9,7 +9,8 @@ from fedcli.fl.strategies import SHARED_MODELS
 
 
 def gan_table(summaries: list[dict]) -> Table:
-    """Per node: FID of both phases (with the feature space's name), iterations, the buffer, and its
+    """Per node: FID of both phases (with the feature space's name), iterations (phase 2: the kept
+    snapshot's iteration of those run), why each phase stopped, the buffer, and its
     fidelity ratio (released buffer; standard generator's as `ratio 1`, the control's as `ratio ctrl`)
     and class fidelity."""
     fid_name = summaries[0]["metric_names"]["fid"] if summaries else "fid"
@@ -17,20 +18,29 @@ def gan_table(summaries: list[dict]) -> Table:
     table = Table(title="train-gan", caption="uncalibrated: fallback feature network (no ImageNet weights)"
                   if uncalibrated else None)
     table.title = escape(f"train-gan ({fid_name})")
-    columns = ["node", "images", "FID 1", "iters 1", "stop 1", "FID 2", "iters 2", "stop 2", "buffer"]
+    columns = ["node", "images", "FID 1", "iters 1", "stop 1", "FID 2", "kept 2", "stop 2", "buffer"]
     scored = any(s.get("fidelity") for s in summaries)
     for column in columns + (["ratio", "ratio 1", "ratio ctrl", "class fid"] if scored else []):
         table.add_column(column, justify="left" if column in ("node", "stop 1", "stop 2") else "right")
     for s in summaries:
         p1, p2, f = s["phase1"], s["phase2"], s.get("fidelity")
         cells = [s["node"], str(s["train_images"]), f"{p1['fid']:.4g}", str(p1["iterations"]), p1["stopped"],
-                 f"{p2['fid']:.4g}", str(p2["iterations"]), p2["stopped"], str(s["buffer"]["size"])]
+                 f"{p2['fid']:.4g}", f"{p2['kept_iteration']}/{p2['iterations']}", phase2_stop(p2),
+                 str(s["buffer"]["size"])]
         if scored:
             control = f"{f['control']['ratio']:.3f}" if f and "control" in f else "-"
             cells += [f"{f['ratio']:.3f}", f"{f['phase1']['ratio']:.3f}", control, f"{f['class_fidelity']:.3f}"] \
                 if f else ["-"] * 4
         table.add_row(*cells)
     return table
+
+
+def phase2_stop(phase2: dict) -> str:
+    """Why phase 2 ended; when the FID factor ended it before any snapshot, the privacy generator is
+    the standard one, and the cell says so."""
+    if phase2["stopped"] == "fid-factor" and phase2["kept_iteration"] == 0:
+        return "fid-factor: = standard"
+    return phase2["stopped"]
 
 
 def final_round(rows: list[dict]) -> list[dict]:

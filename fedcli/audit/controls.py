@@ -1,0 +1,69 @@
+"""The audit's controls (`audit-privacy --controls`): generators whose answer is known, audited exactly
+as the node's own, so a reader sees that the audit can fail and that its "none" is not blindness.
+
+- memoriser: renders softmax(10 w . K^T) mixtures of the node's audited members (K: fixed random
+  keys), so it can rebuild every member and no one else, and its buffer is near copies of members.
+  Expected verdict: fail.
+- data-free: the node's generator architecture at a keyed random initialisation, never trained on
+  anything. Expected: no leak (not fail).
+- reseeded: the control trained once more from the same snapshot with another random stream
+  (`train-gan --controls`), compared with the control as the privacy generator is. Expected privacy
+  effect: none, in the training LPIPS.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedcli.gan.networks import Architecture, Generator
+from fedcli.rng import stream_seed, torch_stream
+
+SHARPNESS = 10.0  # softmax temperature: w of unit scale picks one member
+
+
+class Memoriser(nn.Module):
+    """A generator that stores `members` ([-1, 1] images) and renders mixtures of them; it has the
+    interface the audit uses (`arch.z_dim`, `mapping`, `synthesis`, a forward that samples)."""
+
+    def __init__(self, members: torch.Tensor, arch: Architecture, stream: torch.Generator):
+        super().__init__()
+        self.arch, self.noise_layers = arch, []
+        fixed = lambda tensor: nn.Parameter(tensor, requires_grad=False)  # noqa: E731
+        self.members = fixed(members.flatten(1).clone())
+        self.keys = fixed(torch.randn(len(members), arch.w_dim, generator=stream) / arch.w_dim ** 0.5)
+        self.to_w = fixed(torch.randn(arch.z_dim, arch.w_dim, generator=stream) / arch.z_dim ** 0.5)
+        self.shape = members.shape[1:]
+
+    def mapping(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return z @ self.to_w
+
+    def synthesis(self, w: torch.Tensor, noise_mode: str = "const", noise=None, generator=None) -> torch.Tensor:
+        weights = torch.softmax(SHARPNESS * w @ self.keys.T, dim=1)
+        return (weights @ self.members).view(-1, *self.shape)
+
+    def forward(self, z: torch.Tensor, labels: torch.Tensor, generator=None, truncation: float = 1.0) -> torch.Tensor:
+        return self.synthesis(self.mapping(z, labels))
+
+
+def memoriser(members: torch.Tensor, arch: Architecture, seed: int, node: str) -> Memoriser:
+    return Memoriser(members.cpu(), arch, torch_stream(seed, node, "audit-control-memoriser"))
+
+
+def data_free(arch: Architecture, seed: int, node: str) -> Generator:
+    """An untrained generator, initialised from a keyed stream, not global state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(stream_seed(seed, node, "audit-control-data-free"))
+        return Generator(arch).eval()
+
+
+def outcome(name: str, summary: dict) -> dict:
+    """What a control should give, what it gave, and whether that holds."""
+    if name == "reseeded":
+        observed = summary["privacy_effect"]["verdict"]
+        return {"expected": "privacy effect none", "observed": f"privacy effect {observed}",
+                "holds": observed == "none"}
+    observed = summary["verdict"]["result"]
+    expected = {"memoriser": "fail", "data-free": "not fail"}[name]
+    holds = observed == "fail" if name == "memoriser" else observed != "fail"
+    return {"expected": f"verdict {expected}", "observed": f"verdict {observed}", "holds": holds}
