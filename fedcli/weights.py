@@ -36,12 +36,12 @@ BACKBONES = {b.name: b for b in (
              "alexnet-owt-7be5be79.pth", "alex-random: a fixed random AlexNet, uncalibrated LPIPS"),
     Backbone("inception", "FID features", "Inception_V3_Weights.IMAGENET1K_V1",
              "inception_v3_google-0cc3c7bd.pth", "cnn-node: a small CNN trained on each node's images, uncalibrated FID"),
-    Backbone("resnet18", "classifier, --model resnet18 --pretrained", "ResNet18_Weights.IMAGENET1K_V1",
-             "resnet18-f37072fd.pth", "--pretrained refused; random initialisation"),
-    Backbone("resnet50", "classifier, --model resnet50 --pretrained", "ResNet50_Weights.IMAGENET1K_V2",
-             "resnet50-11ad3fa6.pth", "--pretrained refused; random initialisation"),
-    Backbone("densenet121", "classifier, --model densenet121 --pretrained", "DenseNet121_Weights.IMAGENET1K_V1",
-             "densenet121-a639ec97.pth", "--pretrained refused; random initialisation"),
+    *(Backbone(name, f"classifier, --model {name} --pretrained", weights, filename,
+               "--pretrained refused; random initialisation")
+      for name, weights, filename in (("resnet18", "ResNet18_Weights.IMAGENET1K_V1", "resnet18-f37072fd.pth"),
+                                      ("resnet50", "ResNet50_Weights.IMAGENET1K_V2", "resnet50-11ad3fa6.pth"),
+                                      ("densenet121", "DenseNet121_Weights.IMAGENET1K_V1",
+                                       "densenet121-a639ec97.pth"))),
 )}
 
 

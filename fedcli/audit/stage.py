@@ -41,11 +41,11 @@ from fedcli.gan.perceptual import HUB_FILES, Perceptual
 from fedcli.gan.buffer import load_buffer_file, sample_buffer
 from fedcli.gan.stage import load_generator, read_gan_config
 from fedcli.locking import locked
-from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_RESEEDED, audit_dir, gan_dir
+from fedcli.layout import BUFFER, GENERATOR_RESEEDED, audit_dir, gan_dir
 from fedcli.rng import numpy_stream, torch_stream
 from fedcli.weights import hub_checkpoint
 
-GENERATORS = {"standard": GENERATOR_PHASE1, "control": GENERATOR_CONTROL, "privacy": GENERATOR}
+GENERATORS = {name: file for name, file in AUDITED.items() if name != "buffer"}
 INDEPENDENT_SEED = 1  # the audit-only LPIPS network's backbone seed (training's random backbone uses 0)
 MIN_GROUP = 200  # the audit asks for at least this many images per group where a node has them
 W_AVG_SAMPLES = 1000
