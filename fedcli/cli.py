@@ -11,8 +11,8 @@ from typer.core import TyperGroup
 
 from fedcli import __version__, console
 from fedcli.config import (AuditConfig, BufferCodec, Device, Engine, FederateConfig, GanConfig, Launch, LpipsNet,
-                           Metric, ModelName, PartitionConfig, PredictConfig, PrivacyLoss, ReportConfig, Scheme, Source,
-                           Task, number_or_keyword, resolve)
+                           Metric, ModelName, PartitionConfig, PredictConfig, PrivacyLoss, PrivacyScale, ReportConfig,
+                           Scheme, Source, Task, number_or_keyword, resolve)
 from fedcli.errors import UserError, environment_message
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
@@ -142,6 +142,9 @@ def train_gan(
     privacy_loss: PrivacyLoss = typer.Option(GanConfig.privacy_loss, help="L_PP: all-pairs (the study: each synthetic "
                                              "image's mean LPIPS to the batch's real images) or nearest (its LPIPS "
                                              "to its nearest real training image)."),
+    privacy_scale: PrivacyScale = typer.Option(GanConfig.privacy_scale, help="L_PP in LPIPS units (absolute, the "
+                                               "study) or divided by the node's own real-vs-real distance of the "
+                                               "same form (relative), so alpha means the same for every backbone."),
     batch: int = typer.Option(GanConfig.batch, help="Real and synthetic images per step (L_PP grows with it)."),
     lr: float = typer.Option(GanConfig.lr, help="Adam learning rate of G and D."),
     r1_gamma: str = typer.Option(GanConfig.r1_gamma, parser=number_or_keyword,
@@ -179,7 +182,10 @@ def train_gan(
                                        "over; 0 skips it."),
     controls: bool = typer.Option(GanConfig.controls, help="Also train the reseeded control (phase 2 at alpha 0 "
                                   "from the same snapshot with another random stream): the null pair that "
-                                  "audit-privacy --controls needs."),
+                                  "audit-privacy --controls needs, and a GAN trained as long on a tiny subset of "
+                                  "the node: the tiny-node control."),
+    tiny_node: int = typer.Option(GanConfig.tiny_node, help="Training images of the tiny-node control (--controls; at "
+                                  "most a quarter of the node's), class by class."),
     sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "
                                      "the saved generator."),
     device: Device = typer.Option(GanConfig.device, help="auto (CUDA when present), cpu or cuda."),

@@ -225,6 +225,7 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 
 
 PrivacyLoss = Literal["all-pairs", "nearest"]
+PrivacyScale = Literal["absolute", "relative"]
 LpipsNet = Literal["vgg", "alex"]
 Device = Literal["auto", "cpu", "cuda"]
 ModelName = Literal["cnn", "resnet18", "resnet50", "densenet121"]
@@ -247,6 +248,7 @@ class GanConfig:
     fid_factor: float = ranged(2.5, 1, 1000)
     alpha: float = ranged(1.0, 0, 1000, why="0 disables the privacy loss")
     privacy_loss: PrivacyLoss = "all-pairs"
+    privacy_scale: PrivacyScale = "absolute"
     batch: int = ranged(32, 2, MAX_BATCH)
     lr: float = ranged(0.0025, 0, 1, low_open=True)
     r1_gamma: float | Auto = ranged("auto", 0, 10_000, why="auto: 0.0002 x resolution^2 / batch")
@@ -269,6 +271,7 @@ class GanConfig:
     fidelity_batch: int = ranged(32, 2, MAX_BATCH, why="the classifier has BatchNorm")
     fidelity_seeds: int = ranged(3, 0, 100, why="0 skips the fidelity score")
     controls: bool = False
+    tiny_node: int = ranged(40, 2, MAX_COUNT, why="the tiny-node control's training images")
     sample_only: bool = False
     device: Device = "auto"
     threads: int | None = ranged(None, 1, MAX_THREADS)

@@ -22,9 +22,9 @@ def numpy_stream(seed: int, *keys: object) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(stream_seed(seed, *keys)))
 
 
-def torch_stream(seed: int, *keys: object):
+def torch_stream(seed: int, *keys: object, device: str = "cpu"):
     import torch
 
-    generator = torch.Generator()
+    generator = torch.Generator(device=device)
     generator.manual_seed(stream_seed(seed, *keys))
     return generator

@@ -132,6 +132,28 @@ def test_the_nearest_form_is_the_distance_to_the_closest_of_all_reals_not_the_ba
     assert 0 < l_pp["nearest"] < l_pp["all-pairs"]
 
 
+def test_the_relative_scale_divides_l_pp_by_the_nodes_own_real_to_real_distance(perceptual):
+    """The reference is the mean distance between two different real images (all-pairs) or from each to its
+    nearest other (nearest), and training at alpha under the relative scale is training at alpha / reference
+    under the absolute one."""
+    images, labels = digit_images(32)
+    features = perceptual.features_of(images)
+    distances = perceptual.pairwise(features, features).double()
+    off = ~torch.eye(32, dtype=torch.bool)
+    assert losses.real_reference(perceptual, features, "all-pairs") == pytest.approx(float(distances[off].mean()))
+    nearest = distances.masked_fill(~off, math.inf).min(dim=1).values.mean()
+    assert losses.real_reference(perceptual, features, "nearest") == pytest.approx(float(nearest))
+    base = dict(batch=8, iterations=1, fid_every=1, fid_images=32)
+    relative = make_trainer(perceptual, TrainSettings(privacy_scale="relative", **base), images, labels % 2,
+                            tiny_arch())
+    absolute = make_trainer(perceptual, TrainSettings(**base), images, labels % 2, tiny_arch())
+    assert relative.privacy_reference == pytest.approx(float(distances[off].mean()), rel=1e-5)
+    assert absolute.privacy_reference == 1.0
+    relative.step(alpha=1.0), absolute.step(alpha=1.0 / relative.privacy_reference)
+    for a, b in zip(relative.G.parameters(), absolute.G.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_r1_penalty_matches_a_hand_computation():
     a = torch.tensor(0.7)
 

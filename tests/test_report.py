@@ -99,12 +99,15 @@ def write_audit(folder: Path, node: str, lpips_ctrl: float, lpips_priv: float, a
     write_json(folder / "audit" / node / "summary.json", {
         "generators": {"standard": {"member_lpips_mean": lpips_ctrl, "mia": {"auroc": auroc_std}},
                        "control": {"member_lpips_mean": lpips_ctrl, "mia": {"auroc": auroc_std}},
-                       "privacy": {"member_lpips_mean": lpips_priv, "mia": {"auroc": auroc_priv},
-                                   "reconstruction_share": rebuilt}},
+                       "privacy": {"member_lpips_mean": lpips_priv, "reconstruction_share": rebuilt,
+                                   "mia": {"auroc": auroc_priv, "tpr_at_min_fpr": {"tpr": 0.25, "min_fpr": 0.1,
+                                                                                  "ci_low": 0.1, "ci_high": 0.45}}}},
         "privacy_effect": {"median_ratio": ratio, "p_value": 0.001, "verdict": "significant",
                            "pixel": {"median_ratio": 1.2}, "independent": {"median_ratio": 1.3}},
-        "buffer": {"dcr_share": share}, "verdict": {"result": verdict}, "node": node,
-        "lpips_network": "alex-random"})
+        "buffer": {"dcr_share": share}, "node": node, "lpips_network": "alex-random",
+        "verdict": {"result": verdict, "reasons": [f"reason of {node}"] if verdict == "fail" else []},
+        "controls": {"memoriser": {"expected": "verdict fail", "observed": f"verdict {verdict}",
+                                   "holds": verdict == "fail"}}})
 
 
 def write_point(folder: Path, *point: tuple) -> None:
@@ -480,7 +483,12 @@ def test_privacy_table(single):
     assert list(table.frame["verdict"]) == ["pass", "fail"]
     assert list(table.frame["privacy effect"]) == ["significant"] * 2
     assert list(table.frame["effect pixel / independent"]) == ["1.200 / 1.300"] * 2
-    assert "alex-random" in table.note
+    assert list(table.frame["TPR at lowest FPR"]) == ["0.25 at 0.1 [0.10, 0.45]"] * 2
+    assert "alex-random" in table.note and "Verdict reasons: n1: fail (reason of n1)" in table.note
+    controls = built(study.controls_table(load_experiment(single)))
+    assert controls.frame.to_dict("index") == {
+        "n0 memoriser": {"expected": "verdict fail", "observed": "verdict pass", "holds": "NO"},
+        "n1 memoriser": {"expected": "verdict fail", "observed": "verdict fail", "holds": "yes"}}
 
 
 def test_partition_and_gan_summaries(single):
@@ -499,6 +507,15 @@ def test_partition_and_gan_summaries(single):
     assert gan.frame.loc["n0", "phase 2 kept"] == "100/100 (cap)"
     assert gan.frame.loc["n1", "phase 2 kept"] == "0/20 (fid-factor)"
     assert "FID limit" in gan.note and "on n1:" in gan.note
+
+
+SETTINGS = {"r1_gamma": 0.05, "ada_kimg": 20, "ema_kimg": 10, "style_mixing": 0.9, "alpha": 1.0}
+
+
+def test_the_gan_note_names_each_departure_from_the_studys_privacy_loss():
+    assert study.settings_note(SETTINGS, {}, 1.0).endswith("alpha 1 all-pairs absolute (the study's form).")
+    note = study.settings_note(SETTINGS | {"privacy_loss": "nearest", "privacy_scale": "relative"}, {}, 1.0)
+    assert "departures: each synthetic image pushed from its nearest real training image; L_PP divided by" in note
 
 
 def test_train_gan_table_says_when_the_fid_factor_left_the_standard_generator():

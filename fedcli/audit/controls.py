@@ -6,6 +6,9 @@ as the node's own, so a reader sees that the audit can fail and that its "none" 
   Expected verdict: fail.
 - data-free: the node's generator architecture at a keyed random initialisation, never trained on
   anything. Expected: no leak (not fail).
+- tiny-node: a GAN trained as long as phase 1's cap on tens of the node's images (`train-gan --controls`),
+  against the node's standard generator on those images and as many class-matched unseen ones.
+  Expected: the higher membership AUROC.
 - reseeded: the control trained once more from the same snapshot with another random stream
   (`train-gan --controls`), compared with the control as the privacy generator is. Expected privacy
   effect: none, in the training LPIPS.
@@ -59,6 +62,13 @@ def data_free(arch: Architecture, seed: int, node: str) -> Generator:
 
 def outcome(name: str, summary: dict) -> dict:
     """What a control should give, what it gave, and whether that holds."""
+    if name == "tiny-node":
+        tiny, standard = summary["auroc"]["tiny"], summary["auroc"]["standard"]
+        gap = summary["difference"]
+        return {"expected": "membership AUROC above the standard generator's",
+                "observed": f"membership AUROC {tiny:.3f} vs {standard:.3f} (difference {gap['difference']:+.3f}, "
+                            f"95% [{gap['ci_low']:+.3f}, {gap['ci_high']:+.3f}])",
+                "holds": gap["difference"] > 0}
     if name == "reseeded":
         observed = summary["privacy_effect"]["verdict"]
         return {"expected": "privacy effect none", "observed": f"privacy effect {observed}",

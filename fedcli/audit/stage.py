@@ -59,6 +59,7 @@ class NodeInputs:
     generators: dict[str, Generator]  # "standard", "control" and "privacy", on the CPU
     buffer: torch.Tensor  # uint8 images
     reseeded: Generator | None  # the reseeded control, with --controls
+    tiny: Generator | None  # the tiny-node control, with --controls
 
 
 def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> NodeInputs:
@@ -72,13 +73,15 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> NodeInputs:
     if saved["architecture"]["resolution"] != manifest["image_size"]:
         raise UserError(f"node {node}'s generator makes {saved['architecture']['resolution']} px images but the "
                         f"partition has {manifest['image_size']} px; re-run fedcli train-gan")
-    if cfg.controls and not (folder / GENERATOR_RESEEDED).is_file():
-        raise UserError(f"node {node} has no {GENERATOR_RESEEDED}, which --controls compares with the control; run "
+    if cfg.controls and (not all((folder / f).is_file() for f in AUDITED_CONTROLS.values()) or "tiny" not in saved):
+        raise UserError(f"node {node} has no {' or '.join(AUDITED_CONTROLS.values())}, which --controls audits; run "
                         f"fedcli train-gan --exp {cfg.exp} --controls --overwrite")
     arch = Architecture(**saved["architecture"])
     generators = {name: load_generator(folder, file, arch) for name, file in GENERATORS.items()}
-    reseeded = load_generator(folder, GENERATOR_RESEEDED, arch) if cfg.controls else None
-    return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], reseeded)
+    reseeded, tiny = ((load_generator(folder, f, arch) for f in AUDITED_CONTROLS.values()) if cfg.controls
+                      else (None, None))
+    return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], reseeded,
+                      tiny)
 
 
 def check_lpips(cfg: AuditConfig, saved: dict, node: str) -> None:
@@ -135,8 +138,10 @@ class Audited:
     labels: torch.Tensor
     ids: list[str]
     is_member: np.ndarray
-    nearest_other: torch.Tensor  # each image's LPIPS to its nearest other real image of the node
-    non_members_to_members: torch.Tensor
+    # for the verdict's scores, not for projection: each image's LPIPS to its nearest other real image of
+    # the node, and each non-member's to its nearest member
+    nearest_other: torch.Tensor | None = None
+    non_members_to_members: torch.Tensor | None = None
 
     @property
     def members(self) -> int:
@@ -174,6 +179,7 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
                 "note": "empirical attack scores, not a formal privacy guarantee"}
     if cfg.controls:
         summary["controls"] = audit_controls(cfg, inputs, frame, audited, start, networks, seed, node, device)
+        summary["controls"]["tiny-node"] = tiny_node_control(cfg, inputs, train, test, networks, seed, node, device)
     folder = gan_dir(cfg.exp, node)
     with staged_output(audit_dir(cfg.exp, node), cfg.overwrite) as out:
         write_csv(out / "distances.csv", frame)
@@ -270,6 +276,35 @@ def audit_controls(cfg: AuditConfig, inputs: NodeInputs, frame: pd.DataFrame, au
     effect = {"privacy_effect": paired_effects(pair, audited.is_member, seed, node, "control-reseeded")}
     out["reseeded"] = controls.outcome("reseeded", effect) | effect
     return out
+
+
+def tiny_node_control(cfg: AuditConfig, inputs: NodeInputs, train: NodeDataset, test: NodeDataset,
+                      networks: tuple[Perceptual, Perceptual], seed: int, node: str, device: str) -> dict:
+    """The tiny-node GAN's training images and as many class-matched test images, projected into it and
+    into the node's standard generator (trained on all the node's images, those included): the GAN that
+    saw tens of images many times over must be the easier to attack, by membership AUROC."""
+    position = {r["id"]: i for i, r in enumerate(train.records)}
+    tiny = [position[image_id] for image_id in inputs.saved["tiny"]["member_ids"]]
+    picked, non_member_idx = matched_groups([train.records[i] for i in tiny], test.records, len(tiny), seed, node)
+    member_idx = [tiny[i] for i in picked]
+    group = Audited(to_float(torch.cat([train.images[member_idx], test.images[non_member_idx]])).to(device),
+                    torch.cat([train.labels[member_idx], test.labels[non_member_idx]]).to(device),
+                    [train.records[i]["id"] for i in member_idx] + [test.records[i]["id"] for i in non_member_idx],
+                    np.array([1] * len(member_idx) + [0] * len(non_member_idx)))
+    distances = {}
+    for name, generator in (("tiny", inputs.tiny), ("standard", inputs.generators["standard"])):
+        generator = fast_layout(generator, device)
+        frame, _ = project_generators(cfg, {name: generator}, group, projection_start(generator, group, seed, node),
+                                      networks, seed, node)
+        distances[name] = frame.lpips.to_numpy()
+    mia = {name: effects.membership(d, group.is_member, numpy_stream(seed, node, "audit-tiny-node", name))
+           for name, d in distances.items()}
+    gap = effects.auroc_difference(distances["tiny"], distances["standard"], group.is_member,
+                                   numpy_stream(seed, node, "audit-tiny-node", "difference"))
+    return controls.outcome("tiny-node", {"auroc": {k: m["auroc"] for k, m in mia.items()}, "difference": gap}) | {
+        "images": len(member_idx), "iterations": inputs.saved["tiny"]["iterations"],
+        "mia": {k: {"auroc": m["auroc"], "ci_low": m["auroc_ci_low"], "ci_high": m["auroc_ci_high"],
+                    "p_value": m["p_value"]} for k, m in mia.items()}, "auroc_difference": gap}
 
 
 def summarize(frame: pd.DataFrame, audited: Audited, distances: dict[str, np.ndarray], cfg: AuditConfig,

@@ -45,3 +45,16 @@ def nearest_privacy_loss(perceptual, real_features: list[torch.Tensor], fakes: t
     to, where a memorised member would be."""
     nearest = perceptual.pairwise(perceptual.features(fakes), real_features).min(dim=1).values
     return nearest.sum(), nearest.mean()
+
+
+@torch.no_grad()
+def real_reference(perceptual, real_features: list[torch.Tensor], form: str) -> float:
+    """The node's real-vs-real LPIPS in L_PP's own form: the mean distance between two different real images
+    (all-pairs) or from each real image to its nearest other one (nearest). Dividing L_PP by it (the
+    relative scale) makes alpha a multiple of the data's own spread, whatever the backbone's units:
+    a random AlexNet's distances are about 10x smaller than calibrated LPIPS."""
+    distances = perceptual.pairwise(real_features, real_features).double()
+    distances.fill_diagonal_(float("inf") if form == "nearest" else 0.0)
+    n = len(distances)
+    value = distances.min(dim=1).values.mean() if form == "nearest" else distances.sum() / (n * (n - 1))
+    return float(value)

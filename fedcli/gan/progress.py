@@ -10,16 +10,18 @@ from fedcli.progress import ProgressBar
 
 
 class TrainingProgress(ProgressBar):
-    def __init__(self, node: str, iterations: int, pp_iterations: int, reseeded: bool = False):
+    def __init__(self, node: str, iterations: int, pp_iterations: int, controls: bool = False):
         super().__init__(TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[status]}"))
         self.tasks = {1: self.progress.add_task(f"{node} phase 1", total=iterations, rate="", status=""),
                       2: self.progress.add_task(f"{node} phase 2", total=pp_iterations, rate="", status="",
                                                 start=False),
                       "control": self.progress.add_task(f"{node} control", total=None, rate="", status="",
                                                         start=False)}
-        if reseeded:
+        if controls:
             self.tasks["reseeded"] = self.progress.add_task(f"{node} reseeded", total=None, rate="", status="",
                                                             start=False)
+            self.tasks["tiny"] = self.progress.add_task(f"{node} tiny node", total=iterations, rate="", status="",
+                                                        start=False)
         self.fid = dict.fromkeys(self.tasks, math.nan)
         self.previous = 1
 

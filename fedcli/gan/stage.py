@@ -3,7 +3,8 @@
 Writes `<exp>/gan/<node>/`: generator.safetensors (phase 2, privacy-preserving, EMA),
 generator_phase1.safetensors (standard GAN), generator_control.safetensors (phase 2 at alpha = 0,
 the privacy generator's compute-matched control), with --controls generator_reseeded.safetensors
-(the control from another random stream), buffer.safetensors, metrics.csv, samples.png and
+(the control from another random stream) and generator_tiny.safetensors (a GAN trained as long on a tiny
+subset of the node: the audit's tiny-node control), buffer.safetensors, metrics.csv, samples.png and
 config.json (architecture, metric names, provenance). Each node folder is staged and renamed
 into place when complete.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -24,7 +26,8 @@ from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device, with_threads
-from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_RESEEDED, gan_dir
+from fedcli.layout import (BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_RESEEDED, GENERATOR_TINY,
+                           gan_dir)
 from fedcli.locking import locked
 from fedcli.errors import UserError
 from fedcli.fl.local import TensorSource
@@ -35,8 +38,9 @@ from fedcli.gan.networks import Architecture, Generator
 from fedcli.gan.perceptual import Perceptual
 from fedcli.gan.progress import TrainingProgress
 from fedcli.gan.samples import write_samples
-from fedcli.gan.train import GanTrainer, TrainSettings, run_phases
-from fedcli.rng import stream_seed
+from fedcli.gan.train import GanTrainer, TrainSettings, long_run, run_phases
+from fedcli.rng import numpy_stream, stream_seed, torch_stream
+
 
 def architecture(cfg: GanConfig, manifest: Manifest) -> Architecture:
     try:
@@ -120,6 +124,16 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> list[dict
     return [train_node(cfg, manifest, node, seed, arch, perceptual, inception, device) for node in nodes]
 
 
+def tiny_node(labels: torch.Tensor, size: int, seed: int, node: str) -> list[int]:
+    """The tiny-node control's training images: `size` of the node's (at most a quarter of them), drawn
+    class by class in turn from keyed permutations, so every class the node holds is in it."""
+    count = min(size, len(labels) // 4)
+    pools = [list(numpy_stream(seed, node, "tiny-node", c).permutation(np.flatnonzero(labels.numpy() == c)))
+             for c in sorted(set(labels.tolist()))]
+    chosen = [pool[depth] for depth in range(max(map(len, pools))) for pool in pools if depth < len(pool)]
+    return sorted(int(i) for i in chosen[:count])
+
+
 def node_classes(manifest: Manifest, node: str) -> list[int]:
     return sorted({r["label"] for r in manifest.records(node, "train")})
 
@@ -136,15 +150,20 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
     classes = node_classes(manifest, node)
     train = TensorSource(data.images, data.labels)
     features = inception or node_feature_space(cfg, manifest, node, seed, train, device)
-    stream = torch.Generator(device=device)
-    stream.manual_seed(stream_seed(seed, node, "train-gan"))
     trainer = GanTrainer(arch, settings(cfg, arch.resolution), to_float(data.images), data.labels, perceptual,
-                         features, stream, init_seed=stream_seed(seed, node, "gan-init"), device=device)
+                         features, torch_stream(seed, node, "train-gan", device=device),
+                         init_seed=stream_seed(seed, node, "gan-init"), device=device)
     rows: list[dict] = []
+    tiny_index, tiny = tiny_node(data.labels, cfg.tiny_node, seed, node) if cfg.controls else [], None
     with TrainingProgress(node, cfg.iterations, cfg.pp_iterations, cfg.controls) as progress:
+        log = lambda row: (rows.append(row), progress.update(row))  # noqa: E731
         reseed = stream_seed(seed, node, "train-gan-reseeded") if cfg.controls else None
-        phase1, phase2, control, reseeded = run_phases(trainer, lambda row: (rows.append(row), progress.update(row)),
-                                                       reseed)
+        phase1, phase2, control, reseeded = run_phases(trainer, log, reseed)
+        if cfg.controls:
+            tiny_trainer = GanTrainer(arch, trainer.s, to_float(data.images[tiny_index]), data.labels[tiny_index],
+                                      perceptual, features, torch_stream(seed, node, "train-gan-tiny", device=device),
+                                      init_seed=stream_seed(seed, node, "gan-init-tiny"), device=device)
+            tiny = long_run(tiny_trainer, cfg.iterations, "tiny", log)
     if phase2.iteration == 0:
         console.warn(f"node {node}: the first phase-2 FID already exceeded {cfg.fid_factor} x the phase-1 FID, so "
                      "the privacy-preserving generator is the standard one; lower --alpha or --fid-every")
@@ -162,6 +181,7 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
         save_tensors(out / GENERATOR_CONTROL, control.generator, {"phase": "control", "node": node})
         if reseeded is not None:
             save_tensors(out / GENERATOR_RESEEDED, reseeded.generator, {"phase": "reseeded", "node": node})
+            save_tensors(out / GENERATOR_TINY, tiny, {"phase": "tiny", "node": node})
         save_tensors(out / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
         write_csv(out / "metrics.csv", metrics_frame(rows, names))
         write_samples(out / "samples.png", generators, classes, manifest["label_names"], seed, node, device,
@@ -178,10 +198,14 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
                        "stopped": phase1.stopped},
             "phase2": {"fid": phase2.fid, "kept_iteration": phase2.iteration,
                        "iterations": phase2.iterations_run, "stopped": phase2.stopped,
-                       "fid_limit": cfg.fid_factor * phase1.fid},
+                       "fid_limit": cfg.fid_factor * phase1.fid,
+                       "privacy_reference": trainer.privacy_reference},
             "control": {"fid": control.fid, "iterations": control.iterations_run, "alpha": 0.0},
             **({"reseeded": {"fid": reseeded.fid, "iterations": reseeded.iterations_run, "alpha": 0.0,
-                             "stream": "train-gan-reseeded"}} if reseeded is not None else {}),
+                             "stream": "train-gan-reseeded"},
+                "tiny": {"images": len(tiny_index), "iterations": cfg.iterations, "alpha": 0.0,
+                         "stream": "train-gan-tiny", "member_ids": [data.records[i]["id"] for i in tiny_index]}}
+               if reseeded is not None else {}),
             "buffer": {"size": cfg.buffer_size, "truncation": cfg.truncation, "sha256": file_sha256(out / BUFFER)},
             "fidelity": fidelity_scores,
         }

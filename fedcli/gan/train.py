@@ -41,6 +41,7 @@ class TrainSettings:
     ada_kimg: float = 20.0  # images (thousands) for p to travel from 0 to 1
     alpha: float = 1.0
     privacy_loss: str = "all-pairs"  # or "nearest" (losses.nearest_privacy_loss)
+    privacy_scale: str = "absolute"  # or "relative": L_PP over losses.real_reference
     iterations: int = 400  # phase-1 cap
     patience: int = 400
     pp_iterations: int = 200  # phase-2 cap
@@ -84,6 +85,10 @@ class GanTrainer:
         self.real_stats = fid.statistics(real_features / self.feature_scale)
         # every real image's LPIPS features, for the nearest-form privacy loss
         self.real_lpips = self.perceptual.features_of(self.reals) if settings.privacy_loss == "nearest" else None
+        self.privacy_reference = 1.0
+        if settings.privacy_scale == "relative":  # all-pairs: a mean, estimated on the FID's real images
+            reference_features = self.real_lpips or self.perceptual.features_of(self.reals[: settings.fid_images])
+            self.privacy_reference = losses.real_reference(self.perceptual, reference_features, settings.privacy_loss)
 
     # -- sampling helpers ------------------------------------------------------------------
     def _randn(self, *shape: int) -> torch.Tensor:
@@ -152,7 +157,7 @@ class GanTrainer:
                 l_pp, mean_pp = losses.nearest_privacy_loss(self.perceptual, self.real_lpips, fakes)
             else:
                 l_pp, mean_pp = losses.privacy_loss(self.perceptual, reals, fakes)
-            loss_g = loss_g - alpha * l_pp
+            loss_g = loss_g - alpha * l_pp / self.privacy_reference
             metrics.update(l_pp=l_pp.item(), lpips_mean=mean_pp.item())
         self.opt_g.zero_grad(set_to_none=True)
         loss_g.backward()
@@ -267,6 +272,13 @@ def continuation(trainer: GanTrainer, iterations: int, phase1: PhaseResult, name
         result.generator, result.iteration = copy.deepcopy(trainer.G_ema.state_dict()), iterations
         result.iterations_run = iterations
     return result
+
+
+def long_run(trainer: GanTrainer, iterations: int, name: str, log: Callable[[dict], None]) -> dict:
+    """`iterations` steps at alpha = 0 with no early stopping: the final EMA generator's state."""
+    for i in range(1, iterations + 1):
+        log({"phase": name, "iteration": i, **trainer.step(alpha=0.0)})
+    return copy.deepcopy(trainer.G_ema.state_dict())
 
 
 def evaluated(iteration: int, last: int, every: int) -> bool:

@@ -113,6 +113,7 @@ def run(cfg: ReportConfig) -> Report:
         w.lines += ["## Privacy", ""]
         for label, reps in groups.items():
             w.table(study.privacy_table(reps), label if len(groups) > 1 else "")
+            w.table(study.controls_table(reps), label if len(groups) > 1 else "")
         audited = next((s for s in subs if s.audits), None)
         if audited is not None:
             privacy_figures(w, audited)

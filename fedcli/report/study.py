@@ -302,6 +302,8 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
             "privacy effect": ", ".join(sorted({e["verdict"] for e in effects})),
             "AUROC std": Stat.of([g["mia"]["auroc"] for g in generators["standard"]]),
             "AUROC priv": Stat.of([g["mia"]["auroc"] for g in generators["privacy"]]),
+            "TPR at lowest FPR": ", ".join(lowest_fpr_tpr(g["mia"].get("tpr_at_min_fpr"))
+                                           for g in generators["privacy"]),
             "rebuilt members / non-members": ", ".join(
                 f"{g['reconstruction_share']['members']:.2f} / {g['reconstruction_share']['non_members']:.2f}"
                 for g in generators["privacy"]),
@@ -309,6 +311,8 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
             "verdict": ", ".join(sorted({a["verdict"]["result"] for a in mine})),
         }
     network = audits[0].get("lpips_network", "lpips")
+    reasons = "; ".join(f"{a['node']}: {a['verdict']['result']} ({', '.join(a['verdict']['reasons'])})"
+                        for a in audits if a["verdict"].get("reasons"))
     return ReportTable("privacy_summary", title, pd.DataFrame(rows).T,
                        f"LPIPS[{network}] of the best latent projection of member (train) images (higher = the "
                        "generator cannot rebuild them), under the control (phase 2 at alpha 0, same iterations and "
@@ -318,8 +322,32 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
                        "non-members' (Mann-Whitney p < 0.01). "
                        "Membership AUROC from the distance (0.5 = no leak); rebuilt = share of images whose "
                        "projection is closer than their nearest other real image; buffer member share = share of "
-                       "synthetic images whose closest audited real image is a member (0.5 = none). Empirical "
-                       "attack scores, not a formal privacy guarantee", rows_are="node")
+                       "synthetic images whose closest audited real image is a member (0.5 = none); TPR at the "
+                       "lowest FPR the non-members resolve (10 / their number), with its Clopper-Pearson interval. "
+                       "Empirical attack scores, not a formal privacy guarantee."
+                       + (f" Verdict reasons: {reasons}." if reasons else ""), rows_are="node")
+
+
+def lowest_fpr_tpr(rate: dict | None) -> str:
+    if not rate:
+        return "none resolvable"
+    return f"{rate['tpr']:.2f} at {rate['min_fpr']:.2g} [{rate['ci_low']:.2f}, {rate['ci_high']:.2f}]"
+
+
+def controls_table(subs: list[SubExperiment]) -> Built:
+    title = "Audit controls: generators whose answer is known"
+    rows = {f"{a['node']} {name}": {"expected": c["expected"], "observed": c["observed"],
+                                    "holds": "yes" if c["holds"] else "NO"}
+            for s in subs for a in s.audits for name, c in a.get("controls", {}).items()}
+    if not rows:
+        return Missing(title, "fedcli train-gan --controls and fedcli audit-privacy --controls")
+    return ReportTable("privacy_controls", title, pd.DataFrame(rows).T,
+                       "Each control audited exactly as the node's own generators: memoriser = renders mixtures of "
+                       "the audited members (must fail); data-free = an untrained generator (must not fail for "
+                       "leakage); reseeded = the alpha-0 control against its twin from another random stream (privacy "
+                       "effect must be none); tiny-node = a GAN trained as long on tens of the node's images, against "
+                       "the standard generator on those images (its membership AUROC must be the higher)",
+                       rows_are="node and control")
 
 
 def partition_table(subs: list[SubExperiment]) -> Built:
@@ -397,12 +425,14 @@ def settings_note(settings: dict, config: dict, truncation: float) -> str:
         value = settings[name]
         return f"{label} {value:.4g}" + (" (auto)" if config.get(name) == "auto" else "")
 
+    form, scale = settings.get("privacy_loss", "all-pairs"), settings.get("privacy_scale", "absolute")
+    departures = [text for text, departs in (
+        ("each synthetic image pushed from its nearest real training image", form != "all-pairs"),
+        ("L_PP divided by the node's real-vs-real LPIPS of the same form", scale != "absolute")) if departs]
     return ("Settings: " + ", ".join([shown("r1_gamma", "R1 gamma"), shown("ada_kimg", "ADA kimg"),
                                       shown("ema_kimg", "EMA half-life kimg"), shown("style_mixing", "style mixing")])
-            + f", buffer truncation {truncation:g}, privacy loss alpha {settings.get('alpha', 1):g} "
-            + f"{settings.get('privacy_loss', 'all-pairs')}"
-            + (" (the study's form)." if settings.get("privacy_loss", "all-pairs") == "all-pairs"
-               else " (a departure: each synthetic image pushed from its nearest real training image)."))
+            + f", buffer truncation {truncation:g}, privacy loss alpha {settings.get('alpha', 1):g} {form} {scale}"
+            + (f" (departures: {'; '.join(departures)})." if departures else " (the study's form)."))
 
 
 def headline(subs: list[SubExperiment], metric: str) -> Built:
