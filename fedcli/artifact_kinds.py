@@ -20,8 +20,8 @@ from typing import Any
 
 from fedcli.artifacts import OLD, STAGING, parse_tensors, read_json, sha256_bytes, sha256_file
 from fedcli.errors import UserError
-from fedcli.layout import (BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_RESEEDED, GENERATOR_TINY,
-                           inside)
+from fedcli.layout import (BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE,
+                           GENERATOR_RESEEDED, GENERATOR_TINY, inside)
 
 CONFIG = "config.json"
 SUB_EXPERIMENTS = ("runs", "select")  # <exp>/runs/<point>/ and <exp>/select/<point>/ hold whole experiments
@@ -55,7 +55,8 @@ KINDS: tuple[Kind, ...] = (
          "valid JSON; the inputs it names still hash to what it recorded (stale_inputs: fedcli run, report)"),
     Kind("partition summary", ("partition/summary.csv", "partition/summary.png"), ""),
     Kind("generator", tuple("gan/*/" + name for name in (GENERATOR, GENERATOR_PHASE1, GENERATOR_CONTROL,
-                                                         GENERATOR_RESEEDED, GENERATOR_TINY)),
+                                                         GENERATOR_RESEEDED, GENERATOR_TINY,
+                                                         GENERATOR_REFERENCE)),
          f"{RECORDED}; metadata names its node; tensors fit the architecture; finite values", recorded=True),
     Kind("buffer", ("gan/*/" + BUFFER,),
          f"{RECORDED}; metadata names its node and partition; uint8 images (N, C, S, S); one int64 label per "

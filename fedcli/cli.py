@@ -184,6 +184,9 @@ def train_gan(
                                   "from the same snapshot with another random stream): the null pair that "
                                   "audit-privacy --controls needs, and a GAN trained as long on a tiny subset of "
                                   "the node: the tiny-node control."),
+    reference: int = typer.Option(GanConfig.reference, help="Also train a reference GAN (phase 1's recipe) on the "
+                                  "node's train images minus the first N that audit-privacy scores as members, for "
+                                  "the calibrated attack (GAN-Leaks-cal; audit with --max-images at most N). 0: none."),
     tiny_node: int = typer.Option(GanConfig.tiny_node, help="Training images of the tiny-node control (--controls; at "
                                   "most a quarter of the node's), class by class."),
     sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "

@@ -272,6 +272,7 @@ class GanConfig:
     fidelity_seeds: int = ranged(3, 0, 100, why="0 skips the fidelity score")
     controls: bool = False
     tiny_node: int = ranged(40, 2, MAX_COUNT, why="the tiny-node control's training images")
+    reference: int = ranged(0, 0, MAX_COUNT, why="0: no reference GAN")
     sample_only: bool = False
     device: Device = "auto"
     threads: int | None = ranged(None, 1, MAX_THREADS)

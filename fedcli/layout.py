@@ -19,6 +19,7 @@ GENERATOR_PHASE1 = "generator_phase1.safetensors"  # phase 1, standard GAN (EMA)
 GENERATOR_CONTROL = "generator_control.safetensors"  # phase 2 at alpha = 0: the privacy generator's control
 GENERATOR_RESEEDED = "generator_reseeded.safetensors"  # the control from another random stream (--controls)
 GENERATOR_TINY = "generator_tiny.safetensors"  # trained long on a tiny subset of the node (--controls)
+GENERATOR_REFERENCE = "generator_reference.safetensors"  # phase 1 without the audit's members (--reference)
 BUFFER = "buffer.safetensors"
 
 

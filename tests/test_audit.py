@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import copy_exp, tiny_gan_exp
+from conftest import TINY_GAN, copy_exp, tiny_gan_exp
 from dataclasses import replace
 
 from fedcli.audit import controls, effects, scores
 from fedcli.audit.groups import matched_groups
 from fedcli.audit.projection import ProjectionSettings, class_mean_w, project
-from fedcli.audit.stage import check_inputs, tiny_node_control, verdict
+from fedcli.audit.stage import Audited, check_inputs, summarize, tiny_node_control, verdict
 from fedcli.config import AuditConfig
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
@@ -257,7 +257,7 @@ def test_the_tiny_node_control_sees_a_generator_that_memorised_its_images(audit_
     easier to attack (the 12-iteration tiny GAN of the fixture cannot show it)."""
     manifest = Manifest.load(audit_exp)
     cfg = AuditConfig(exp=audit_exp, steps=20, max_images=20, controls=True)
-    inputs = check_inputs(cfg, manifest, "node0")
+    inputs = check_inputs(cfg, manifest, "node0", manifest["seed"])
     train, test = NodeDataset(manifest, "node0", "train"), NodeDataset(manifest, "node0", "test")
     position = {r["id"]: i for i, r in enumerate(train.records)}
     members = to_float(train.images[[position[i] for i in inputs.saved["tiny"]["member_ids"]]])
@@ -266,6 +266,49 @@ def test_the_tiny_node_control_sees_a_generator_that_memorised_its_images(audit_
     memorised = tiny_node_control(cfg, replace(inputs, tiny=controls.memoriser(members, arch, 0, "node0")), train,
                                   test, networks, 0, "node0", "cpu")
     assert memorised["holds"] and memorised["auroc_difference"]["ci_low"] > 0
+
+
+def test_the_calibrated_attack_removes_each_images_own_difficulty():
+    """Members sit 0.01 closer under the target than under a reference that never saw them, inside a per-image
+    difficulty spread 20x wider: the raw distance barely tells members apart, the calibrated one does, and
+    the verdict fails on it."""
+    rng = np.random.default_rng(0)
+    n = 60
+    difficulty, is_member = rng.uniform(0.05, 0.25, 2 * n), np.repeat([1, 0], n)
+    frame = pd.DataFrame([{"image_id": f"i{i}", "member": int(is_member[i]), "label": 0, "generator": name,
+                           "lpips": d, "lpips_independent": d, "l2": d, "ssim": 0.5, "steps": 1}
+                          for name in ("standard", "control", "privacy", "reference")
+                          for i, d in enumerate(difficulty - (0.01 * is_member if name != "reference" else 0))])
+    audited = Audited(torch.zeros(2 * n, 1, 4, 4), torch.zeros(2 * n), [f"i{i}" for i in range(2 * n)], is_member,
+                      torch.full((2 * n,), 1e-4), torch.ones(n))
+    buffer = {"real_to_buffer": np.ones(2 * n), "buffer_to_real": np.ones(2 * n), "nearest_real": np.arange(2 * n),
+              "buffer_to_members": np.ones(2 * n), "non_members_to_members": np.ones(n)}
+    summary = summarize(frame, audited, buffer, AuditConfig(exp=None), 0, "n0")
+    privacy = summary["generators"]["privacy"]
+    assert privacy["mia"]["auroc"] < 0.7 and privacy["mia_calibrated"]["auroc"] == 1.0
+    assert "mia_calibrated" not in summary["generators"]["reference"]
+    assert summary["verdict"]["result"] == "fail"
+    assert any(reason.startswith("calibrated membership AUROC 1.000") for reason in summary["verdict"]["reasons"])
+
+
+def test_the_reference_gan_never_sees_the_members_the_audit_scores(cli, audit_exp, tmp_path):
+    exp = copy_exp(audit_exp, tmp_path)
+    cli.ok("train-gan", "--exp", exp, "--node", "node0", *TINY_GAN, "--reference", "20", "--overwrite")
+    trained = json.loads((exp / "gan" / "node0" / "config.json").read_text())
+    manifest = Manifest.load(exp)
+    train = manifest.records("node0", "train")
+    members = matched_groups(train, manifest.records("node0", "test"), 20, manifest["seed"], "node0")[0]
+    assert set(trained["reference"]["held_out_ids"]) == {train[i]["id"] for i in members}
+    assert trained["reference"]["images"] == len(train) - 20
+    cli.ok("audit-privacy", "--exp", exp, "--node", "node0", *AUDIT_FAST)
+    summary = json.loads((exp / "audit" / "node0" / "summary.json").read_text())
+    assert all("mia_calibrated" in summary["generators"][name] for name in ("standard", "control", "privacy"))
+    assert "reference" in pd.read_csv(exp / "audit" / "node0" / "distances.csv").generator.unique()
+    assert "reference" in json.loads((exp / "audit" / "node0" / "config.json").read_text())["inputs"]
+    line = cli.user_error("audit-privacy", "--exp", exp, "--node", "node0", "--max-images", "30", "--steps", "1",
+                          "--overwrite")
+    assert "reference GAN was trained on some of the 30 members" in line and "--reference 30" in line
+    assert (exp / "audit" / "node0" / "summary.json").is_file()  # the earlier audit is left as it was
 
 
 def test_strict_fails_the_exit_code_on_a_failing_verdict(cli, audit_exp, tmp_path):

@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 LABELS = {"standard": "standard GAN (phase 1)", "control": "control (phase 2 at alpha 0)",
-          "privacy": "privacy-preserving GAN (phase 2)"}
+          "privacy": "privacy-preserving GAN (phase 2)", "reference": "reference GAN (without the members)"}
 
 
 def pyplot():

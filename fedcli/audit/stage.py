@@ -7,7 +7,9 @@ the phase-1 mapping) and the same per-image random stream, keyed by the image's 
 loss's effect is the paired per-image ratio of the privacy generator's distance to the control's,
 in the training LPIPS, in pixels and in an audit-only LPIPS network that shares no weights with the
 loss (fedcli/audit/effects.py); projection distances also feed membership inference and
-reconstruction shares, and the buffer is audited by its distance to closest record. These are
+reconstruction shares (and, when train-gan made a reference GAN without the scored members, the
+calibrated attack GAN-Leaks-cal: the distance under a generator minus under the reference), and the
+buffer is audited by its distance to closest record. These are
 empirical attack scores, not a formal privacy guarantee.
 
 Writes `<exp>/audit/<node>/`: distances.csv, summary.json, histogram.png, pairs.png,
@@ -41,7 +43,7 @@ from fedcli.gan.perceptual import HUB_FILES, Perceptual
 from fedcli.gan.buffer import load_buffer_file, sample_buffer
 from fedcli.gan.stage import load_generator, read_gan_config
 from fedcli.locking import locked
-from fedcli.layout import BUFFER, GENERATOR_RESEEDED, audit_dir, gan_dir
+from fedcli.layout import BUFFER, GENERATOR_REFERENCE, audit_dir, gan_dir
 from fedcli.rng import numpy_stream, torch_stream
 from fedcli.weights import hub_checkpoint
 
@@ -60,9 +62,10 @@ class NodeInputs:
     buffer: torch.Tensor  # uint8 images
     reseeded: Generator | None  # the reseeded control, with --controls
     tiny: Generator | None  # the tiny-node control, with --controls
+    reference: Generator | None  # GAN-Leaks-cal's reference, when train-gan made one (--reference)
 
 
-def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> NodeInputs:
+def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str, seed: int) -> NodeInputs:
     folder = gan_dir(cfg.exp, node)
     for name in (*GENERATORS.values(), BUFFER):
         if not (folder / name).is_file():
@@ -81,7 +84,21 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str) -> NodeInputs:
     reseeded, tiny = ((load_generator(folder, f, arch) for f in AUDITED_CONTROLS.values()) if cfg.controls
                       else (None, None))
     return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], reseeded,
-                      tiny)
+                      tiny, check_reference(cfg, manifest, node, seed, saved, arch))
+
+
+def check_reference(cfg: AuditConfig, manifest: Manifest, node: str, seed: int, saved: dict,
+                    arch: Architecture) -> Generator | None:
+    """The reference generator, when train-gan made one, refused if it saw any member the audit will score."""
+    if "reference" not in saved:
+        return None
+    train = manifest.records(node, "train")
+    members = matched_groups(train, manifest.records(node, "test"), cfg.max_images, seed, node)[0]
+    if not {train[i]["id"] for i in members} <= set(saved["reference"]["held_out_ids"]):
+        raise UserError(f"node {node}'s reference GAN was trained on some of the {len(members)} members this audit "
+                        f"scores (it held out {len(saved['reference']['held_out_ids'])}, with the partition's seed); "
+                        f"lower --max-images, or re-run fedcli train-gan --reference {cfg.max_images} --overwrite")
+    return load_generator(gan_dir(cfg.exp, node), GENERATOR_REFERENCE, arch)
 
 
 def check_lpips(cfg: AuditConfig, saved: dict, node: str) -> None:
@@ -110,14 +127,14 @@ def run(cfg: AuditConfig) -> list[dict]:
 
 def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[dict]:
     """`run`, with the nodes' folders locked."""
-    inputs = {node: check_inputs(cfg, manifest, node) for node in nodes}
+    seed = manifest["seed"] if cfg.seed is None else cfg.seed
+    inputs = {node: check_inputs(cfg, manifest, node, seed) for node in nodes}
     for node in nodes:
         check_output_free(audit_dir(cfg.exp, node), cfg.overwrite)
     device = resolve_device(cfg.device)
     if cfg.optimize_noise and manifest["image_size"] < 128:
         console.warn(f"--optimize-noise at {manifest['image_size']} px: free noise maps can rebuild any image, "
                      "so projection distances say little about memorisation below 128 px")
-    seed = manifest["seed"] if cfg.seed is None else cfg.seed
     networks = {net: (fast_layout(Perceptual(net, cfg.lpips_weights), device),
                       fast_layout(Perceptual(net, random_seed=INDEPENDENT_SEED), device))
                 for net in {inputs[node].saved["lpips"]["net"] for node in nodes}}
@@ -169,6 +186,11 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     generators = {name: fast_layout(generator, device) for name, generator in inputs.generators.items()}
     start = projection_start(generators["standard"], audited, seed, node)
     frame, reconstructions = project_generators(cfg, generators, audited, start, networks, seed, node)
+    if inputs.reference is not None:  # its own mapping: its own class-mean start
+        reference = fast_layout(inputs.reference, device)
+        frame = pd.concat([frame, project_generators(cfg, {"reference": reference}, audited,
+                                                     projection_start(reference, audited, seed, node), networks,
+                                                     seed, node)[0]], ignore_index=True)
     buffer_images = to_float(inputs.buffer).to(device)
     buffer_distances = distances_to_buffer(perceptual, buffer_images, audited)
     summary = summarize(frame, audited, buffer_distances, cfg, seed, node)
@@ -189,7 +211,8 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
         figures.nearest(out / "nearest.png", buffer_images, images,
                         *(torch.from_numpy(buffer_distances[k]) for k in ("buffer_to_real", "nearest_real")), node)
         figures.roc(out / "roc.png", frame, node)
-        audited_files = AUDITED | (AUDITED_CONTROLS if cfg.controls else {})
+        audited_files = (AUDITED | (AUDITED_CONTROLS if cfg.controls else {})
+                         | ({"reference": GENERATOR_REFERENCE} if inputs.reference is not None else {}))
         hashes = {"manifest": manifest.content_hash} | {name: file_sha256(folder / f)
                                                          for name, f in audited_files.items()}
         write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed, hashes)
@@ -327,6 +350,12 @@ def summarize(frame: pd.DataFrame, audited: Audited, distances: dict[str, np.nda
                                          numpy_stream(seed, node, "audit-bootstrap", name, "l2")),
             "reconstruction_share": effects.reconstruction_share(group.lpips.to_numpy(), nearest_other, is_member),
         }
+    if "reference" in out["generators"]:  # GAN-Leaks-cal: distance under the target minus under the reference
+        reference = frame[frame.generator == "reference"].lpips.to_numpy()
+        for name in ("standard", "control", "privacy"):
+            out["generators"][name]["mia_calibrated"] = effects.membership(
+                frame[frame.generator == name].lpips.to_numpy() - reference, is_member,
+                numpy_stream(seed, node, "audit-bootstrap", name, "calibrated"))
     if {"privacy", "control"} <= set(frame.generator):
         out["privacy_effect"] = paired_effects(frame, is_member, seed, node, "effect")
     real_to_buffer = distances["real_to_buffer"]
@@ -361,13 +390,16 @@ def verdict(summary: dict, cfg: AuditConfig) -> dict:
     often than chance (p < 0.01) and in a share above --max-auroc; members' median distance to the buffer
     under --min-distance. A pass needs the AUROC's and the buffer share's 95% upper bounds at most
     --max-auroc; the privacy effect is reported beside it, not folded in."""
-    mia = summary["generators"]["privacy"]["mia"]
-    rebuilt = summary["generators"]["privacy"]["reconstruction_share"]
+    privacy = summary["generators"]["privacy"]
+    attacks = {"membership": privacy["mia"]} | (
+        {"calibrated membership": privacy["mia_calibrated"]} if "mia_calibrated" in privacy else {})
+    rebuilt = privacy["reconstruction_share"]
     buffer = summary["buffer"]
     threshold = cfg.max_auroc
     reasons, doubts = [], []
-    if mia["auroc"] > threshold and mia["p_value"] < effects.ALPHA:
-        reasons.append(f"membership AUROC {mia['auroc']:.3f} > {threshold} (p = {mia['p_value']:.2g})")
+    for attack, mia in attacks.items():
+        if mia["auroc"] > threshold and mia["p_value"] < effects.ALPHA:
+            reasons.append(f"{attack} AUROC {mia['auroc']:.3f} > {threshold} (p = {mia['p_value']:.2g})")
     if rebuilt["leak"]:
         reasons.append(f"members rebuilt closer than their nearest other image {rebuilt['members']:.3f} vs "
                        f"non-members {rebuilt['non_members']:.3f} (p = {rebuilt['p_value']:.2g})")
@@ -377,9 +409,10 @@ def verdict(summary: dict, cfg: AuditConfig) -> dict:
     if buffer["member_nearest_lpips_median"] < cfg.min_distance:
         reasons.append(f"members' median distance to the buffer {buffer['member_nearest_lpips_median']:.4f} < "
                        f"{cfg.min_distance}")
-    if mia["auroc_ci_high"] > threshold:
-        doubts.append(f"membership AUROC's 95% upper bound {mia['auroc_ci_high']:.3f} > {threshold}: too few images "
-                      "to rule out a leak")
+    for attack, mia in attacks.items():
+        if mia["auroc_ci_high"] > threshold:
+            doubts.append(f"{attack} AUROC's 95% upper bound {mia['auroc_ci_high']:.3f} > {threshold}: too few "
+                          "images to rule out a leak")
     if buffer["dcr_ci_high"] > threshold:
         doubts.append(f"buffer member share's 95% upper bound {buffer['dcr_ci_high']:.3f} > {threshold}: too few "
                       "images to rule out a leak")

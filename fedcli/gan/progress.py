@@ -10,7 +10,8 @@ from fedcli.progress import ProgressBar
 
 
 class TrainingProgress(ProgressBar):
-    def __init__(self, node: str, iterations: int, pp_iterations: int, controls: bool = False):
+    def __init__(self, node: str, iterations: int, pp_iterations: int, controls: bool = False,
+                 reference: bool = False):
         super().__init__(TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[status]}"))
         self.tasks = {1: self.progress.add_task(f"{node} phase 1", total=iterations, rate="", status=""),
                       2: self.progress.add_task(f"{node} phase 2", total=pp_iterations, rate="", status="",
@@ -22,6 +23,9 @@ class TrainingProgress(ProgressBar):
                                                             start=False)
             self.tasks["tiny"] = self.progress.add_task(f"{node} tiny node", total=iterations, rate="", status="",
                                                         start=False)
+        if reference:
+            self.tasks["reference"] = self.progress.add_task(f"{node} reference", total=iterations, rate="",
+                                                             status="", start=False)
         self.fid = dict.fromkeys(self.tasks, math.nan)
         self.previous = 1
 

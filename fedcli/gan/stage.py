@@ -2,11 +2,12 @@
 
 Writes `<exp>/gan/<node>/`: generator.safetensors (phase 2, privacy-preserving, EMA),
 generator_phase1.safetensors (standard GAN), generator_control.safetensors (phase 2 at alpha = 0,
-the privacy generator's compute-matched control), with --controls generator_reseeded.safetensors
-(the control from another random stream) and generator_tiny.safetensors (a GAN trained as long on a tiny
-subset of the node: the audit's tiny-node control), buffer.safetensors, metrics.csv, samples.png and
-config.json (architecture, metric names, provenance). Each node folder is staged and renamed
-into place when complete.
+the privacy generator's compute-matched control), buffer.safetensors, metrics.csv, samples.png and
+config.json (architecture, metric names, provenance). With --controls also generator_reseeded.safetensors
+(the control from another random stream) and generator_tiny.safetensors (a GAN trained as long on a
+tiny subset of the node: the audit's tiny-node control); with --reference N generator_reference.safetensors
+(phase 1's recipe without the first N members the audit scores: the calibrated attack's reference).
+Each node folder is staged and renamed into place when complete.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device, with_threads
-from fedcli.layout import (BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_RESEEDED, GENERATOR_TINY,
-                           gan_dir)
+from fedcli.layout import (BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE,
+                           GENERATOR_RESEEDED, GENERATOR_TINY, gan_dir)
 from fedcli.locking import locked
 from fedcli.errors import UserError
 from fedcli.fl.local import TensorSource
@@ -38,7 +39,8 @@ from fedcli.gan.networks import Architecture, Generator
 from fedcli.gan.perceptual import Perceptual
 from fedcli.gan.progress import TrainingProgress
 from fedcli.gan.samples import write_samples
-from fedcli.gan.train import GanTrainer, TrainSettings, long_run, run_phases
+from fedcli.audit.groups import matched_groups
+from fedcli.gan.train import GanTrainer, TrainSettings, long_run, run_phases, standard_phase
 from fedcli.rng import numpy_stream, stream_seed, torch_stream
 
 
@@ -119,9 +121,32 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> list[dict
     for node in nodes:
         check_output_free(gan_dir(cfg.exp, node), cfg.overwrite)
         check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
+        reference_holdout(manifest, node, cfg.reference, seed)
     perceptual = Perceptual(cfg.lpips_net, cfg.lpips_weights).to(device)
     inception = fid.inception_space(cfg.fid_weights, device)
     return [train_node(cfg, manifest, node, seed, arch, perceptual, inception, device) for node in nodes]
+
+
+def side_trainer(main: GanTrainer, data: NodeDataset, index: list[int], seed: int, node: str,
+                 purpose: str) -> GanTrainer:
+    """A fresh GAN like `main` (architecture, settings, networks) on some of the node's images, from its own
+    keyed initialisation and stream."""
+    return GanTrainer(main.arch, main.s, to_float(data.images[index]), data.labels[index], main.perceptual,
+                      main.features, torch_stream(seed, node, f"train-gan-{purpose}", device=main.device),
+                      init_seed=stream_seed(seed, node, f"gan-init-{purpose}"), device=main.device)
+
+
+def reference_holdout(manifest: Manifest, node: str, count: int, seed: int) -> list[int]:
+    """The train images the reference GAN must not see: the first `count` members the audit scores (its
+    groups for --max-images up to `count` are these images' first ones, whatever --max-images is)."""
+    if not count:
+        return []
+    train = manifest.records(node, "train")
+    held_out = sorted(matched_groups(train, manifest.records(node, "test"), count, seed, node)[0])
+    if len(train) - len(held_out) < 2:
+        raise UserError(f"--reference {count} leaves node {node} fewer than 2 of its {len(train)} train images "
+                        "for the reference GAN; lower --reference")
+    return held_out
 
 
 def tiny_node(labels: torch.Tensor, size: int, seed: int, node: str) -> list[int]:
@@ -155,15 +180,18 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
                          init_seed=stream_seed(seed, node, "gan-init"), device=device)
     rows: list[dict] = []
     tiny_index, tiny = tiny_node(data.labels, cfg.tiny_node, seed, node) if cfg.controls else [], None
-    with TrainingProgress(node, cfg.iterations, cfg.pp_iterations, cfg.controls) as progress:
+    held_out = reference_holdout(manifest, node, cfg.reference, seed)
+    reference = None
+    with TrainingProgress(node, cfg.iterations, cfg.pp_iterations, cfg.controls, bool(cfg.reference)) as progress:
         log = lambda row: (rows.append(row), progress.update(row))  # noqa: E731
         reseed = stream_seed(seed, node, "train-gan-reseeded") if cfg.controls else None
         phase1, phase2, control, reseeded = run_phases(trainer, log, reseed)
         if cfg.controls:
-            tiny_trainer = GanTrainer(arch, trainer.s, to_float(data.images[tiny_index]), data.labels[tiny_index],
-                                      perceptual, features, torch_stream(seed, node, "train-gan-tiny", device=device),
-                                      init_seed=stream_seed(seed, node, "gan-init-tiny"), device=device)
-            tiny = long_run(tiny_trainer, cfg.iterations, "tiny", log)
+            tiny = long_run(side_trainer(trainer, data, tiny_index, seed, node, "tiny"), cfg.iterations, "tiny", log)
+        if cfg.reference:
+            kept = sorted(set(range(len(data))) - set(held_out))
+            reference, _ = standard_phase(side_trainer(trainer, data, kept, seed, node, "reference"), log,
+                                          "reference")
     if phase2.iteration == 0:
         console.warn(f"node {node}: the first phase-2 FID already exceeded {cfg.fid_factor} x the phase-1 FID, so "
                      "the privacy-preserving generator is the standard one; lower --alpha or --fid-every")
@@ -182,6 +210,8 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
         if reseeded is not None:
             save_tensors(out / GENERATOR_RESEEDED, reseeded.generator, {"phase": "reseeded", "node": node})
             save_tensors(out / GENERATOR_TINY, tiny, {"phase": "tiny", "node": node})
+        if reference is not None:
+            save_tensors(out / GENERATOR_REFERENCE, reference.generator, {"phase": "reference", "node": node})
         save_tensors(out / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest))
         write_csv(out / "metrics.csv", metrics_frame(rows, names))
         write_samples(out / "samples.png", generators, classes, manifest["label_names"], seed, node, device,
@@ -206,6 +236,11 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
                 "tiny": {"images": len(tiny_index), "iterations": cfg.iterations, "alpha": 0.0,
                          "stream": "train-gan-tiny", "member_ids": [data.records[i]["id"] for i in tiny_index]}}
                if reseeded is not None else {}),
+            **({"reference": {"fid": reference.fid, "best_iteration": reference.iteration,
+                              "iterations": reference.iterations_run, "stopped": reference.stopped,
+                              "images": len(data) - len(held_out), "stream": "train-gan-reference",
+                              "held_out_ids": [data.records[i]["id"] for i in held_out]}}
+               if reference is not None else {}),
             "buffer": {"size": cfg.buffer_size, "truncation": cfg.truncation, "sha256": file_sha256(out / BUFFER)},
             "fidelity": fidelity_scores,
         }

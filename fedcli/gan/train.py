@@ -285,13 +285,14 @@ def evaluated(iteration: int, last: int, every: int) -> bool:
     return iteration % every == 0 or iteration == last
 
 
-def standard_phase(trainer: GanTrainer, log: Callable[[dict], None]) -> tuple[PhaseResult, dict]:
-    """Phase 1, and the trainer's state at its best-FID snapshot."""
+def standard_phase(trainer: GanTrainer, log: Callable[[dict], None], name: str | int = 1
+                   ) -> tuple[PhaseResult, dict]:
+    """Phase 1 (its rows logged as phase `name`), and the trainer's state at its best-FID snapshot."""
     s = trainer.s
     best_fid, best_state, best_iteration, since_best = math.inf, None, 0, 0
     stopped = "cap"
     for i in range(1, s.iterations + 1):
-        row = {"phase": 1, "iteration": i, **trainer.step(alpha=0.0)}
+        row = {"phase": name, "iteration": i, **trainer.step(alpha=0.0)}
         if evaluated(i, s.iterations, s.fid_every):
             row["fid"] = trainer.fid()
             if row["fid"] < best_fid:

@@ -310,6 +310,9 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
             "buffer member share": Stat.of([a["buffer"]["dcr_share"] for a in mine]),
             "verdict": ", ".join(sorted({a["verdict"]["result"] for a in mine})),
         }
+        calibrated = [g["mia_calibrated"]["auroc"] for g in generators["privacy"] if "mia_calibrated" in g]
+        if calibrated:
+            rows[node]["AUROC priv calibrated"] = Stat.of(calibrated)
     network = audits[0].get("lpips_network", "lpips")
     reasons = "; ".join(f"{a['node']}: {a['verdict']['result']} ({', '.join(a['verdict']['reasons'])})"
                         for a in audits if a["verdict"].get("reasons"))
@@ -320,8 +323,10 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
                        "privacy/control ratio, with its one-sided signed-rank p, in pixels and in an audit-only "
                        "LPIPS network; significant = p < 0.01, ratio >= 1.1 and members' ratios above the "
                        "non-members' (Mann-Whitney p < 0.01). "
-                       "Membership AUROC from the distance (0.5 = no leak); rebuilt = share of images whose "
-                       "projection is closer than their nearest other real image; buffer member share = share of "
+                       "Membership AUROC from the distance (0.5 = no leak), calibrated = GAN-Leaks-cal (distance "
+                       "minus the distance under a reference GAN trained without the members; needs train-gan "
+                       "--reference); rebuilt = share of images whose projection is closer than their nearest "
+                       "other real image; buffer member share = share of "
                        "synthetic images whose closest audited real image is a member (0.5 = none); TPR at the "
                        "lowest FPR the non-members resolve (10 / their number), with its Clopper-Pearson interval. "
                        "Empirical attack scores, not a formal privacy guarantee."
