@@ -340,7 +340,9 @@ def audit_privacy(
         console.out.print(f"node {s['node']}: [{colour}]{verdict['result']}[/{colour}]{reasons}; privacy effect "
                           f"vs control: {effect['verdict']} (median ratio {effect['median_ratio']:.3f}, 95% CI "
                           f"{effect['ci_low']:.3f}-{effect['ci_high']:.3f}, p = {effect['p_value']:.2g}; pixel "
-                          f"{effect['pixel']['verdict']}, independent network {effect['independent']['verdict']})")
+                          f"{effect['pixel']['verdict']}, independent network {effect['independent']['verdict']})"
+                          + ("; phase 2 kept no privacy snapshot (its first FID check exceeded the limit), so the "
+                             "privacy generator is the standard one" if s.get("phase2_kept_iteration") == 0 else ""))
         for name, control in s.get("controls", {}).items():
             mark = "[green]holds[/green]" if control["holds"] else "[red]does not hold[/red]"
             console.out.print(f"node {s['node']} control {name}: expected {control['expected']}, "

@@ -242,8 +242,10 @@ def test_controls_behave_as_stated(cli, audit_exp, tmp_path):
     # a 12-iteration tiny GAN has memorised nothing yet: its outcome is reported, whichever way it falls
     tiny = controls["tiny-node"]
     assert tiny["holds"] == (tiny["auroc_difference"]["difference"] > 0)
-    trained = json.loads((exp / "gan" / "node0" / "config.json").read_text())["tiny"]
-    assert tiny["images"] == trained["images"] == len(set(trained["member_ids"])) == 40
+    trained = json.loads((exp / "gan" / "node0" / "config.json").read_text())
+    assert tiny["images"] == trained["tiny"]["images"] == len(set(trained["tiny"]["member_ids"])) == 40
+    kept = trained["phase2"]["kept_iteration"]
+    assert summary["phase2_kept_iteration"] == kept and ("kept no privacy snapshot" in output) == (kept == 0)
     assert all(f"control {name}: expected" in output for name in controls)
     config = json.loads((exp / "audit" / "node0" / "config.json").read_text())
     assert {"reseeded", "tiny-node"} <= set(config["inputs"])

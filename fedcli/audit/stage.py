@@ -198,6 +198,7 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
                 "lpips_network": perceptual.name, "lpips_calibrated": perceptual.calibrated,
                 "lpips_weights_sha256": perceptual.weights_sha256, "independent_network": independent.name,
                 "steps": cfg.steps, "optimize_noise": cfg.optimize_noise,
+                "phase2_kept_iteration": inputs.saved["phase2"]["kept_iteration"],
                 "note": "empirical attack scores, not a formal privacy guarantee"}
     if cfg.controls:
         summary["controls"] = audit_controls(cfg, inputs, frame, audited, start, networks, seed, node, device)
