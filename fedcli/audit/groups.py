@@ -26,11 +26,11 @@ def matched_groups(train: list[dict], test: list[dict], max_images: int, seed: i
             rng = numpy_stream(seed, "audit-groups", node, split, c)
             pools[split, c] = [by_class[split][c][k] for k in rng.permutation(len(by_class[split][c]))]
     capacity = {c: min(len(pools["train", c]), len(pools["test", c])) for c in classes}
-    members, non_members, depth = [], [], 0
-    while len(members) < max_images and any(depth < capacity[c] for c in classes):
-        for c in classes:
-            if depth < capacity[c] and len(members) < max_images:
-                members.append(pools["train", c][depth])
-                non_members.append(pools["test", c][depth])
-        depth += 1
+    members, non_members = (interleave([pools[split, c][:capacity[c]] for c in classes])[:max_images]
+                            for split in ("train", "test"))
     return members, non_members
+
+
+def interleave(pools: list[list[int]]) -> list[int]:
+    """One item of each pool in turn (the first of every pool, then the second, ...), until all are spent."""
+    return [pool[depth] for depth in range(max(map(len, pools), default=0)) for pool in pools if depth < len(pool)]

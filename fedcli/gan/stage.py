@@ -39,7 +39,7 @@ from fedcli.gan.networks import Architecture, Generator
 from fedcli.gan.perceptual import Perceptual
 from fedcli.gan.progress import TrainingProgress
 from fedcli.gan.samples import write_samples
-from fedcli.audit.groups import matched_groups
+from fedcli.audit.groups import interleave, matched_groups
 from fedcli.gan.train import GanTrainer, TrainSettings, long_run, run_phases, standard_phase
 from fedcli.rng import numpy_stream, stream_seed, torch_stream
 
@@ -155,8 +155,7 @@ def tiny_node(labels: torch.Tensor, size: int, seed: int, node: str) -> list[int
     count = min(size, len(labels) // 4)
     pools = [list(numpy_stream(seed, node, "tiny-node", c).permutation(np.flatnonzero(labels.numpy() == c)))
              for c in sorted(set(labels.tolist()))]
-    chosen = [pool[depth] for depth in range(max(map(len, pools))) for pool in pools if depth < len(pool)]
-    return sorted(int(i) for i in chosen[:count])
+    return sorted(int(i) for i in interleave(pools)[:count])
 
 
 def node_classes(manifest: Manifest, node: str) -> list[int]:
