@@ -311,6 +311,9 @@ def audit_privacy(
                                     "at most this (0.5 = no leak)."),
     min_distance: float = typer.Option(AuditConfig.min_distance, help="Verdict: fail if members' median LPIPS to "
                                        "the buffer is below this (0 disables)."),
+    standard: bool = typer.Option(AuditConfig.standard, help="Also project the standard (phase-1) generator: the "
+                                  "study's comparison, which the control replaces because the control is trained "
+                                  "as long as the privacy generator; half as much projection time again."),
     controls: bool = typer.Option(AuditConfig.controls, help="Also audit generators whose answer is known: a "
                                   "memoriser of the members (expected: fail), an untrained generator (not fail) "
                                   "and the reseeded control against the control (privacy effect none; needs "

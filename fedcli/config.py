@@ -390,6 +390,7 @@ class AuditConfig:
     lpips_weights: Path | None = None
     max_auroc: float = ranged(0.6, 0.5, 1, why="0.5 is chance")
     min_distance: float = ranged(0.0, 0, 10, why="an LPIPS distance; 0 disables")
+    standard: bool = False
     controls: bool = False
     strict: bool = False
     seed: int | None = ranged(None, 0, MAX_SEED)

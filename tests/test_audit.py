@@ -215,7 +215,7 @@ def test_audit_writes_scores_figures_and_provenance(cli, audit_exp, tmp_path):
         assert {p.name for p in folder.iterdir()} == {"distances.csv", "summary.json", "histogram.png", "pairs.png",
                                                       "nearest.png", "roc.png", "config.json"}
         frame = pd.read_csv(folder / "distances.csv")
-        assert set(frame["generator"]) == {"standard", "control", "privacy"} and len(frame) == 3 * 40
+        assert set(frame["generator"]) == {"control", "privacy"} and len(frame) == 2 * 40
         assert {"image_id", "member", "lpips", "lpips_independent", "l2", "ssim", "steps"} <= set(frame.columns)
         result = json.loads((folder / "summary.json").read_text())
         assert result["members"] == result["non_members"] == 20
@@ -226,6 +226,21 @@ def test_audit_writes_scores_figures_and_provenance(cli, audit_exp, tmp_path):
         assert {effect[k]["verdict"] for k in ("pixel", "independent")} <= {"significant", "none", "reversed"}
         assert effect["non_members"]["images"] == 20
         assert result["independent_network"] != result["lpips_network"]
+
+
+def test_the_standard_generator_is_projected_on_request_without_moving_the_others(cli, audit_exp, tmp_path):
+    """--standard adds the phase-1 generator's rows; the control's and privacy generator's are unchanged, as
+    every generator is projected from the same start and per-image streams."""
+    exp = copy_exp(audit_exp, tmp_path)
+    folder = exp / "audit" / "node0"
+    cli.ok("audit-privacy", "--exp", exp, "--node", "node0", *AUDIT_FAST)
+    default = pd.read_csv(folder / "distances.csv")
+    cli.ok("audit-privacy", "--exp", exp, "--node", "node0", *AUDIT_FAST, "--standard", "--overwrite")
+    both = pd.read_csv(folder / "distances.csv")
+    assert list(both.generator.unique()) == ["standard", "control", "privacy"]
+    pd.testing.assert_frame_equal(both[both.generator != "standard"].reset_index(drop=True), default)
+    cli.ok("report", "--exp", exp)
+    assert "AUROC std" in (exp / "report" / "report.md").read_text()
 
 
 def test_controls_behave_as_stated(cli, audit_exp, tmp_path):
@@ -304,7 +319,7 @@ def test_the_reference_gan_never_sees_the_members_the_audit_scores(cli, audit_ex
     assert trained["reference"]["images"] == len(train) - 20
     cli.ok("audit-privacy", "--exp", exp, "--node", "node0", *AUDIT_FAST)
     summary = json.loads((exp / "audit" / "node0" / "summary.json").read_text())
-    assert all("mia_calibrated" in summary["generators"][name] for name in ("standard", "control", "privacy"))
+    assert all("mia_calibrated" in summary["generators"][name] for name in ("control", "privacy"))
     assert "reference" in pd.read_csv(exp / "audit" / "node0" / "distances.csv").generator.unique()
     assert "reference" in json.loads((exp / "audit" / "node0" / "config.json").read_text())["inputs"]
     line = cli.user_error("audit-privacy", "--exp", exp, "--node", "node0", "--max-images", "30", "--steps", "1",

@@ -91,14 +91,16 @@ def write_gan(folder: Path, node: str, fid1: float, fid2: float, alpha: float = 
         "phase2": phase2, "buffer": {"size": 512}})
 
 
-def write_audit(folder: Path, node: str, lpips_ctrl: float, lpips_priv: float, auroc_std: float, auroc_priv: float,
-                share: float, verdict: str) -> None:
+def write_audit(folder: Path, node: str, lpips_ctrl: float, lpips_priv: float, auroc_ctrl: float, auroc_priv: float,
+                share: float, verdict: str, auroc_std: float | None = None) -> None:
+    """A node's audit summary; `auroc_std` adds the standard generator, as audit-privacy --standard does."""
     write_json(folder / "audit" / node / "config.json", {"stage": "audit-privacy", "config": {}})
     rebuilt = {"members": 0.1, "non_members": 0.1}
     ratio = lpips_priv / lpips_ctrl
     write_json(folder / "audit" / node / "summary.json", {
-        "generators": {"standard": {"member_lpips_mean": lpips_ctrl, "mia": {"auroc": auroc_std}},
-                       "control": {"member_lpips_mean": lpips_ctrl, "mia": {"auroc": auroc_std}},
+        "generators": ({} if auroc_std is None else {"standard": {"member_lpips_mean": lpips_ctrl,
+                                                                  "mia": {"auroc": auroc_std}}}) | {
+                       "control": {"member_lpips_mean": lpips_ctrl, "mia": {"auroc": auroc_ctrl}},
                        "privacy": {"member_lpips_mean": lpips_priv, "reconstruction_share": rebuilt,
                                    "mia": {"auroc": auroc_priv, "tpr_at_min_fpr": {"tpr": 0.25, "min_fpr": 0.1,
                                                                                   "ci_low": 0.1, "ci_high": 0.45}}}},
@@ -165,8 +167,8 @@ def make_single(exp: Path) -> Path:
             write_run(root / strategy / f"fold{k}", strategy, cells, rounds=rounds, epochs=epochs, fold=k)
     write_gan(exp, "n0", 50.0, 60.0)
     write_gan(exp, "n1", 40.0, 70.0, kept=0)
-    write_audit(exp, "n0", 0.01, 0.05, 0.70, 0.52, 0.50, "pass")
-    write_audit(exp, "n1", 0.02, 0.06, 0.65, 0.55, 0.45, "fail")
+    write_audit(exp, "n0", 0.01, 0.05, 0.70, 0.52, 0.50, "pass", auroc_std=0.66)
+    write_audit(exp, "n1", 0.02, 0.06, 0.65, 0.55, 0.45, "fail", auroc_std=0.64)
     return exp
 
 
@@ -375,6 +377,7 @@ def test_privacy_table_over_replicates(seeds):
     table = built(study.privacy_table(load_experiment(seeds)))
     assert_stat(cell(table, "n0", "LPIPS priv"), 0.06, stdev([0.05, 0.07]), 2)
     assert table.frame.loc["n0", "verdict"] == "fail, pass"
+    assert "AUROC std" not in table.frame.columns  # audited without --standard
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,10 +479,10 @@ def test_privacy_table(single):
     table = built(study.privacy_table(load_experiment(single)))
     assert list(table.frame.index) == ["n0", "n1"]
     assert_means(table, {
-        "n0": {"LPIPS ctrl": 0.01, "LPIPS priv": 0.05, "effect": 5.0, "AUROC std": 0.70, "AUROC priv": 0.52,
-               "buffer member share": 0.50},
-        "n1": {"LPIPS ctrl": 0.02, "LPIPS priv": 0.06, "effect": 3.0, "AUROC std": 0.65, "AUROC priv": 0.55,
-               "buffer member share": 0.45}})
+        "n0": {"LPIPS ctrl": 0.01, "LPIPS priv": 0.05, "effect": 5.0, "AUROC std": 0.66, "AUROC ctrl": 0.70,
+               "AUROC priv": 0.52, "buffer member share": 0.50},
+        "n1": {"LPIPS ctrl": 0.02, "LPIPS priv": 0.06, "effect": 3.0, "AUROC std": 0.64, "AUROC ctrl": 0.65,
+               "AUROC priv": 0.55, "buffer member share": 0.45}})
     assert list(table.frame["verdict"]) == ["pass", "fail"]
     assert list(table.frame["privacy effect"]) == ["significant"] * 2
     assert list(table.frame["effect pixel / independent"]) == ["1.200 / 1.300"] * 2

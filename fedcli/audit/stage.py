@@ -1,9 +1,9 @@
 """The `audit-privacy` stage: how much of a node's real patients its generators and buffer reveal.
 
 For each node: members (train images, seen by the GAN) and size-matched, class-stratified
-non-members (test images); three generators (standard phase 1, privacy-preserving phase 2, and
-phase 2's alpha-0 control) project every image from the same starting w (its class's mean w under
-the phase-1 mapping) and the same per-image random stream, keyed by the image's id. The privacy
+non-members (test images); the privacy-preserving generator (phase 2) and its alpha-0 control (and,
+with --standard, the phase-1 generator) project every image from the same starting w (its class's
+mean w under the phase-1 mapping) and the same per-image random stream, keyed by the image's id. The privacy
 loss's effect is the paired per-image ratio of the privacy generator's distance to the control's,
 in the training LPIPS, in pixels and in an audit-only LPIPS network that shares no weights with the
 loss (fedcli/audit/effects.py); projection distances also feed membership inference and
@@ -185,7 +185,8 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
                       scores.nearest(real, exclude=own)[0], real[len(member_idx):, member_idx].min(dim=1).values)
     generators = {name: fast_layout(generator, device) for name, generator in inputs.generators.items()}
     start = projection_start(generators["standard"], audited, seed, node)
-    frame, reconstructions = project_generators(cfg, generators, audited, start, networks, seed, node)
+    projected = {name: g for name, g in generators.items() if name != "standard" or cfg.standard}
+    frame, reconstructions = project_generators(cfg, projected, audited, start, networks, seed, node)
     if inputs.reference is not None:  # its own mapping: its own class-mean start
         reference = fast_layout(inputs.reference, device)
         frame = pd.concat([frame, project_generators(cfg, {"reference": reference}, audited,
@@ -353,7 +354,7 @@ def summarize(frame: pd.DataFrame, audited: Audited, distances: dict[str, np.nda
         }
     if "reference" in out["generators"]:  # GAN-Leaks-cal: distance under the target minus under the reference
         reference = frame[frame.generator == "reference"].lpips.to_numpy()
-        for name in ("standard", "control", "privacy"):
+        for name in [name for name in out["generators"] if name != "reference"]:
             out["generators"][name]["mia_calibrated"] = effects.membership(
                 frame[frame.generator == name].lpips.to_numpy() - reference, is_member,
                 numpy_stream(seed, node, "audit-bootstrap", name, "calibrated"))

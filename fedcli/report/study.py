@@ -290,7 +290,8 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
     rows = {}
     for node in dict.fromkeys(a["node"] for a in audits):
         mine = [a for a in audits if a["node"] == node]
-        generators = {name: [a["generators"][name] for a in mine] for name in ("standard", "control", "privacy")}
+        generators = {name: [a["generators"][name] for a in mine if name in a["generators"]]
+                      for name in ("standard", "control", "privacy")}
         effects = [a["privacy_effect"] for a in mine]
         rows[node] = {
             "LPIPS ctrl": Stat.of([g["member_lpips_mean"] for g in generators["control"]]),
@@ -300,7 +301,9 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
             "effect pixel / independent": ", ".join(f"{e['pixel']['median_ratio']:.3f} / "
                                                     f"{e['independent']['median_ratio']:.3f}" for e in effects),
             "privacy effect": ", ".join(sorted({e["verdict"] for e in effects})),
-            "AUROC std": Stat.of([g["mia"]["auroc"] for g in generators["standard"]]),
+            **({"AUROC std": Stat.of([g["mia"]["auroc"] for g in generators["standard"]])}
+               if generators["standard"] else {}),  # audit-privacy --standard
+            "AUROC ctrl": Stat.of([g["mia"]["auroc"] for g in generators["control"]]),
             "AUROC priv": Stat.of([g["mia"]["auroc"] for g in generators["privacy"]]),
             "TPR at lowest FPR": ", ".join(lowest_fpr_tpr(g["mia"].get("tpr_at_min_fpr"))
                                            for g in generators["privacy"]),
@@ -323,13 +326,13 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
                        "privacy/control ratio, with its one-sided signed-rank p, in pixels and in an audit-only "
                        "LPIPS network; significant = p < 0.01, ratio >= 1.1 and members' ratios above the "
                        "non-members' (Mann-Whitney p < 0.01). "
-                       "Membership AUROC from the distance (0.5 = no leak), calibrated = GAN-Leaks-cal (distance "
-                       "minus the distance under a reference GAN trained without the members; needs train-gan "
-                       "--reference); rebuilt = share of images whose projection is closer than their nearest "
-                       "other real image; buffer member share = share of "
-                       "synthetic images whose closest audited real image is a member (0.5 = none); TPR at the "
-                       "lowest FPR the non-members resolve (10 / their number), with its Clopper-Pearson interval. "
-                       "Empirical attack scores, not a formal privacy guarantee."
+                       "Membership AUROC from the distance (0.5 = no leak; std = the phase-1 generator, projected "
+                       "with audit-privacy --standard), calibrated = GAN-Leaks-cal (distance minus the distance "
+                       "under a reference GAN trained without the members; needs train-gan --reference); rebuilt = "
+                       "share of images whose projection is closer than their nearest other real image; buffer "
+                       "member share = share of synthetic images whose closest audited real image is a member "
+                       "(0.5 = none); TPR at the lowest FPR the non-members resolve (10 / their number), with its "
+                       "Clopper-Pearson interval. Empirical attack scores, not a formal privacy guarantee."
                        + (f" Verdict reasons: {reasons}." if reasons else ""), rows_are="node")
 
 

@@ -138,7 +138,7 @@ def audit_table(summaries: list[dict]) -> Table:
     network = summaries[0]["lpips_network"] if summaries else "lpips"
     table = Table(title=escape(f"privacy audit (projection LPIPS[{network}] of members; effect = median privacy/"
                                "control ratio per image; membership AUROC, 0.5 = no leak)"))
-    for column in ("node", "images/group", "LPIPS ctrl", "LPIPS priv", "effect", "AUROC std", "AUROC priv",
+    for column in ("node", "images/group", "LPIPS ctrl", "LPIPS priv", "effect", "AUROC ctrl", "AUROC priv",
                    "rebuilt m/nm", "buffer share", "verdict"):
         table.add_column(column, justify="left" if column in ("node", "effect", "verdict") else "right")
     for s in summaries:
@@ -146,7 +146,7 @@ def audit_table(summaries: list[dict]) -> Table:
         effect, rebuilt = s["privacy_effect"], priv["reconstruction_share"]
         table.add_row(s["node"], str(s["members"]), f"{ctrl['member_lpips_mean']:.4f}",
                       f"{priv['member_lpips_mean']:.4f}", f"{effect['median_ratio']:.3f} {effect['verdict']}",
-                      f"{s['generators']['standard']['mia']['auroc']:.3f}", f"{priv['mia']['auroc']:.3f}",
+                      f"{ctrl['mia']['auroc']:.3f}", f"{priv['mia']['auroc']:.3f}",
                       f"{rebuilt['members']:.2f}/{rebuilt['non_members']:.2f}", f"{s['buffer']['dcr_share']:.3f}",
                       s["verdict"]["result"])
     return table
