@@ -62,7 +62,7 @@ KINDS: tuple[Kind, ...] = (
          f"{RECORDED}; metadata names its node and partition; uint8 images (N, C, S, S); one int64 label per "
          "image, each a class the node holds", recorded=True),
     Kind("GAN training log", ("gan/*/metrics.csv", "gan/*/samples.png"), "", recorded=True),
-    Kind("federate results", fold_too("federate/*/metrics.csv", "federate/*/comm.csv"),
+    Kind("federate results", fold_too("federate/*/metrics.csv", "federate/*/comm.csv", "federate/*/bn_statistics.csv"),
          "read as tables by the report and by model selection", recorded=True),
     Kind("classifier", fold_too("federate/*/models/*.safetensors"),
          f"{RECORDED}; tensors fit the classifier; finite values (predict)", recorded=True),

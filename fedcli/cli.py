@@ -12,7 +12,7 @@ from typer.core import TyperGroup
 from fedcli import __version__, console
 from fedcli.config import (AuditConfig, BufferCodec, Device, Engine, FederateConfig, GanConfig, Launch, LpipsNet,
                            Metric, ModelName, PartitionConfig, PredictConfig, PrivacyLoss, PrivacyScale, ReportConfig,
-                           Scheme, Source, Task, number_or_keyword, resolve)
+                           Scheme, Source, Task, Weighting, number_or_keyword, resolve)
 from fedcli.errors import UserError, environment_message
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
@@ -220,8 +220,9 @@ def federate(
                                        "central-mixed."),
     rounds: int = typer.Option(FederateConfig.rounds, help="Federated rounds R."),
     epochs: int = typer.Option(FederateConfig.epochs, help="Local epochs E per round."),
-    init_epochs: Optional[int] = typer.Option(None, help="Epochs each node trains alone before round 1 "
-                                              "\\[default: E].", show_default=False),
+    init_epochs: Optional[int] = typer.Option(None, help="Epochs before round 1 (round 0): each node trains its "
+                                              "own model (FedER's M^0), or the common initial model, then averaged "
+                                              "(FedAvg, FedProx, FedBN) \\[default: E].", show_default=False),
     lr: float = typer.Option(FederateConfig.lr, help="Adam learning rate (fresh optimiser every round)."),
     batch: int = typer.Option(FederateConfig.batch, help="Real images per mini-batch (FedER adds as many "
                               "buffer images)."),
@@ -229,12 +230,16 @@ def federate(
                                          "shenzhen=32, montgomery=8)."),
     lam: float = typer.Option(FederateConfig.lam, help="lambda: loss = lambda CE(real) + (1 - lambda) CE(buffer)."),
     mu: float = typer.Option(FederateConfig.mu, help="FedProx proximal weight."),
+    weighting: Weighting = typer.Option(FederateConfig.weighting, help="FedAvg, FedProx, FedBN: weight each node's "
+                                        "model by its train-set size (samples) or equally (equal, as FedBN's code "
+                                        "and the study)."),
     buffer_size: Optional[int] = typer.Option(None, help="Use the first k buffer images of each node; 0 = "
                                               "FedER without replay \\[default: all].", show_default=False),
     buffer_codec: BufferCodec = typer.Option(FederateConfig.buffer_codec, help="How buffers travel: png "
                                              "(lossless, per image) or raw."),
-    model: ModelName = typer.Option(FederateConfig.model, help="Classifier: cnn (quick), resnet18 (the study), "
-                                    "resnet50, densenet121."),
+    model: list[str] = typer.Option(list(FederateConfig.model), help="Repeatable. Classifier: cnn (quick), "
+                                    "resnet18 (the study), resnet50, densenet121; NODE=ARCH gives a node its own "
+                                    "(feder-a and standalone only: their models never move)."),
     pretrained: bool = typer.Option(FederateConfig.pretrained, help="Start from ImageNet weights (torch hub "
                                     "cache or --model-weights)."),
     model_weights: Optional[Path] = typer.Option(None, help="torchvision ImageNet state dict for --pretrained.",
@@ -266,7 +271,7 @@ def federate(
 ) -> None:
     """Run FedER and the baselines (FedAvg, FedProx, FedBN, standalone, centralized) on the partition.
 
-    Writes <exp>/federate/<strategy>/: metrics.csv, comm.csv, models/, config.json.
+    Writes <exp>/federate/<strategy>/: metrics.csv, bn_statistics.csv, comm.csv, models/, config.json.
     """
     from fedcli.fl.stage import run
     from fedcli.report.tables import cv_table, ensemble_table, node_convergence_table, node_performance_table

@@ -300,6 +300,31 @@ Launch = Literal["none", "local"]
 ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
 
 
+OWN_ARCHITECTURES = ("feder-a", "standalone")  # strategies whose node models never travel or merge
+
+
+def architectures(entries: tuple[str, ...] | str) -> tuple[str, dict[str, str]]:
+    """--model entries as (the architecture of every model, {node: its own architecture}); a config.json
+    written before NODE=ARCH existed holds one name."""
+    default, own = None, {}
+    for item in (entries,) if isinstance(entries, str) else entries:
+        node, sep, arch = str(item).rpartition("=")
+        if arch not in typing.get_args(ModelName) or (sep and not node):
+            raise UserError(f"--model {item!r} is not ARCH or NODE=ARCH with ARCH one of "
+                            f"{', '.join(typing.get_args(ModelName))} (e.g. --model node0=resnet18)")
+        if sep:
+            own[node] = arch
+        elif default not in (None, arch):
+            raise UserError(f"--model names two architectures for every node ({default}, {arch}); give one, and "
+                            "NODE=ARCH for a node's own")
+        else:
+            default = arch
+    return default or "cnn", own
+
+
+Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
+
+
 @dataclasses.dataclass(frozen=True)
 class FederateConfig:
     """`fedcli federate`. Defaults are a quick CPU configuration (small CNN, few rounds); the study
@@ -315,9 +340,10 @@ class FederateConfig:
     node_batch: tuple[str, ...] = ()  # NODE=B overrides, e.g. montgomery=8 (the study's per-node sizes)
     lam: float = ranged(0.5, 0, 1, why="lambda, the weight of the real-data loss")
     mu: float = ranged(0.01, 0, 1000)
+    weighting: Weighting = "samples"
     buffer_size: int | None = ranged(None, 0, MAX_COUNT)  # default: the whole buffer
     buffer_codec: BufferCodec = "png"
-    model: ModelName = "cnn"
+    model: tuple[str, ...] | str = ("cnn",)  # ARCH for every model, and NODE=ARCH: a node's own architecture
     pretrained: bool = False
     model_weights: Path | None = None
     eval_every: int = ranged(1, 1, MAX_COUNT)
@@ -351,6 +377,13 @@ class FederateConfig:
             raise UserError(f"--model-weights {self.model_weights} does not exist")
         object.__setattr__(self, "node_batch", tuple(self.node_batch))
         self.batch_sizes()
+        object.__setattr__(self, "model", (self.model,) if isinstance(self.model, str) else tuple(self.model))
+        default, own = architectures(self.model)
+        moving = [name for name in self.strategy if name not in OWN_ARCHITECTURES]
+        if any(arch != default for arch in own.values()) and moving:
+            raise UserError(f"--model {' '.join(self.model)} gives nodes different architectures, which only "
+                            f"{' and '.join(OWN_ARCHITECTURES)} allow (their models never move or merge); {moving[0]} "
+                            "moves models: run it separately with one architecture")
         if self.engine == "inprocess":
             for name, value in (("launch", self.launch != "none"), ("node", self.node), ("cross-eval", self.cross_eval)):
                 if value:

@@ -24,6 +24,7 @@ from torch import nn
 
 from fedcli.artifact_kinds import load_module
 from fedcli.artifacts import read_json, write_csv
+from fedcli.config import architectures
 from fedcli.data.imagefiles import IMAGE_SUFFIXES, BadImageError, decode_image, is_image_file, native_pixels
 from fedcli.data.loading import CHUNK, resize, to_channels
 from fedcli.data.manifest import Manifest
@@ -64,12 +65,12 @@ def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensem
     exp = Path(exp)
     manifest = Manifest.load(exp)
     folder = federate_dir(exp, strategy)
-    model_name = federate_model(exp, folder, strategy, manifest)
+    default, own = architectures(federate_model(exp, folder, strategy, manifest))
     tag, keys = choose_models(folder, strategy, manifest, node, ensemble)
     root, files = image_files(data_dir)
     device = resolve_device(device)
-    models = [load_model(folder / "models" / f"{key}.safetensors", f"model {key} of {strategy}", model_name,
-                         manifest, device) for key in keys]
+    models = [load_model(folder / "models" / f"{key}.safetensors", f"model {key} of {strategy}",
+                         own.get(key, default), manifest, device) for key in keys]
     names, probs, skipped = classify(models, manifest, root, files, device, batch, skip_bad)
     frame = table(names, probs, manifest["label_names"])
     out = Path(out) if out is not None else exp / "predict" / f"{strategy}_{tag}.csv"
@@ -82,8 +83,8 @@ def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensem
     return Prediction(out, strategy, tag, frame, skipped)
 
 
-def federate_model(exp: Path, folder: Path, strategy: str, manifest: Manifest) -> str:
-    """The classifier name the strategy was trained with, after checking it was trained on this partition."""
+def federate_model(exp: Path, folder: Path, strategy: str, manifest: Manifest) -> list[str] | str:
+    """The --model entries the strategy was trained with, after checking it was trained on this partition."""
     if not (folder / "config.json").is_file():
         done = sorted(p.name for p in folder.parent.glob("*") if (p / "config.json").is_file())
         have = f"federated strategies: {', '.join(done)}" if done else "no strategy has been federated yet"

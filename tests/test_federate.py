@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from conftest import copy_exp, tiny_gan_exp
+from test_predict import write_test_pngs
 from fedcli.artifacts import load_tensors
 from fedcli.config import FederateConfig
 from fedcli.data.manifest import Manifest
-from fedcli.fl import stage
+from fedcli.fl import stage, topology
+from fedcli.fl.batchnorm_check import COLUMNS as BN_COLUMNS
 from fedcli.fl.checkpoint import CheckpointMismatch
 from fedcli.fl.engine import Federation
 from fedcli.fl.payloads import encode_buffer, encode_model
@@ -72,14 +74,66 @@ def test_fedbn_keeps_every_batchnorm_tensor_local_and_differs_from_fedavg(fl_exp
     shared = [k for k in personal["node0"] if k not in bn]
     assert all(torch.equal(personal["node0"][k], personal["node1"][k]) for k in shared)
     assert not torch.equal(personal["node0"]["bn1.weight"], personal["node1"]["bn1.weight"])
-    sent = {t.kind for t in fed.transport.transfers}
-    assert sent == {"global-model", "model"}
+    sent = {(t.kind, t.receiver) for t in fed.transport.transfers}
+    assert sent == {("all-reduce", "all")}  # no server, in process as between processes
     fed.train_local = original
     fedavg = make_strategy("fedavg", 0.0, 0)
     fedavg.setup(fed)
     fedavg.run_round(fed, 1)
     averaged = fedavg.global_model.state_dict()
     assert not all(torch.equal(personal["node0"][k], averaged[k]) for k in bn)
+
+
+@pytest.mark.parametrize("weighting, weights", [("equal", (1, 1)), ("samples", (1, 3))])
+def test_averaging_weights_nodes_equally_or_by_their_train_size(cli, tmp_path, weighting, weights):
+    """Two nodes of 100 and 300 images: the global model is the plain mean of their trained models
+    (equal) or their 1:3 mean (samples)."""
+    exp = tmp_path / "exp"
+    cli.ok("partition", "--nodes", "2", "--image-size", "16", "--exp", exp)
+    fed = Federation(Manifest.load(exp), lambda node: None, seed=0, model="cnn", epochs=1, init_epochs=0, lr=1e-3,
+                     batch=50, lam=0.5, bootstrap=20, weighting=weighting)
+    for node, size in zip(fed.nodes, (100, 300)):
+        source = fed.train[node]
+        fed.train[node] = type(source)(source.images[:size], source.labels[:size])
+    trained, original = {}, fed.train_local
+
+    def keep(model, key, *args, **kwargs):
+        steps = original(model, key, *args, **kwargs)
+        trained[key] = {k: v.clone() for k, v in model.state_dict().items()}
+        return steps
+
+    fed.train_local = keep
+    fedavg = make_strategy("fedavg", 0.0, 0)
+    fedavg.setup(fed)
+    fedavg.run_round(fed, 1)
+    a, b = (trained[node] for node in fed.nodes)
+    for key, value in fedavg.global_model.state_dict().items():
+        if value.is_floating_point():
+            expected = (weights[0] * a[key].double() + weights[1] * b[key].double()) / sum(weights)
+            assert torch.allclose(value.double(), expected, rtol=0, atol=1e-6), key
+
+
+def test_averaging_strategies_train_round_0_as_feder_does(fl_exp):
+    """Equal budgets: FedAvg's round 0 trains the common initial model for init_epochs on every node, as
+    FedER trains its M^0, so both take init_epochs + R x E epochs of steps on the real images."""
+    fed = federation(fl_exp)
+    steps = {}
+    original = fed.train_local
+
+    def count(model, key, round_, *args, **kwargs):
+        n = original(model, key, round_, *args, **kwargs)
+        steps[(kwargs.get("epochs"), round_, key)] = n
+        return n
+
+    fed.train_local = count
+    strategies = {name: make_strategy(name, 0.0, 0) for name in ("fedavg", "feder")}
+    for name, strategy in strategies.items():
+        steps.clear()
+        strategy.setup(fed)
+        assert {(epochs, round_) for epochs, round_, _ in steps} == {(fed.init_epochs, 0)}, name
+        assert {key for *_, key in steps} == set(fed.nodes)
+    untrained = fed.new_model("global").state_dict()["head.weight"]
+    assert not torch.equal(strategies["fedavg"].global_model.state_dict()["head.weight"], untrained)
 
 
 def test_feder_a_never_sends_models_and_feder_sends_measured_bytes(cli, fl_exp, tmp_path):
@@ -139,6 +193,7 @@ def test_same_seed_same_metrics_and_resume_continues_identically(cli, fl_exp, tm
     args = ["--exp", exp, "--strategy", "feder", "--rounds", "3", "--epochs", "1", "--bootstrap", "20"]
     cli.ok("federate", *args)
     reference = (exp / "federate" / "feder" / "metrics.csv").read_bytes()
+    diagnostic = (exp / "federate" / "feder" / "bn_statistics.csv").read_bytes()
     cli.ok("federate", *args, "--overwrite")
     assert (exp / "federate" / "feder" / "metrics.csv").read_bytes() == reference
 
@@ -155,6 +210,7 @@ def test_same_seed_same_metrics_and_resume_continues_identically(cli, fl_exp, tm
     assert completed_rounds(exp / "federate" / ".feder.checkpoint") == {1, 2}  # the two latest, for every node
     cli.ok("federate", *args, "--resume")
     assert (exp / "federate" / "feder" / "metrics.csv").read_bytes() == reference
+    assert (exp / "federate" / "feder" / "bn_statistics.csv").read_bytes() == diagnostic
     assert not (exp / "federate" / ".feder.checkpoint").exists()
 
 
@@ -168,6 +224,45 @@ def test_metrics_are_long_format_with_confidence_intervals(cli, fl_exp, tmp_path
     s = metrics(exp, "standalone")
     assert set(s["model_node"]) == {"node0", "node1", "node2", "ensemble"}
     assert len(s[s["round"] == 2]) == 4 * 3
+    bn = pd.read_csv(exp / "federate" / "standalone" / "bn_statistics.csv")
+    assert tuple(bn.columns) == BN_COLUMNS and len(bn) == 4 * 3  # the final round's rows, ensemble included
+    final = s[s["round"] == 2].reset_index(drop=True)
+    assert bn.accuracy_stored.tolist() == final.accuracy.tolist()
+    # standalone trains on the node's real images alone: as trained is refreshed, drawn from the same stream
+    assert bn.accuracy_refreshed.tolist() == bn.accuracy_refreshed_as_trained.tolist()
+    assert not set(BN_COLUMNS[3:]) & set(s.columns)
+
+
+def test_the_batchnorm_diagnostic_tells_stale_statistics_from_the_weights(fl_exp):
+    """Statistics that no longer fit the weights sink the stored accuracy; re-estimating them, weights
+    untouched, recovers it. FedER's as-trained batches are its real images plus the buffer it received."""
+    fed = federation(fl_exp)
+    standalone = make_strategy("standalone", 0.0, 0)
+    standalone.setup(fed)
+    for round_ in (1, 2, 3):  # trained long enough for its own statistics to fit its weights
+        standalone.run_round(fed, round_)
+    models = standalone.models()
+    healthy = {r["test_node"]: r["accuracy"] for r in fed.evaluate("standalone", 1, models)
+               if r["model_node"] == r["test_node"]}
+    for model in models.values():
+        for layer in model.modules():
+            if isinstance(layer, torch.nn.BatchNorm2d):
+                layer.running_mean.add_(5.0)
+    before = {key: {k: v.clone() for k, v in model.state_dict().items()} for key, model in models.items()}
+    rows = [r for r in fed.evaluate("standalone", 1, models, lambda node: standalone.trained_on(fed, node))
+            if r["model_node"] == r["test_node"]]
+    for r in rows:
+        assert healthy[r["test_node"]] > 0.8 and r["accuracy"] < healthy[r["test_node"]] - 0.3
+        assert r["accuracy_refreshed"] > healthy[r["test_node"]] - 0.1
+    assert all(torch.equal(value, before[key][name]) for key, model in models.items()
+               for name, value in model.state_dict().items())  # the diagnostic never changes the models
+    feder = make_strategy("feder", 0.0, 30)
+    feder.setup(fed)
+    feder.run_round(fed, 1)
+    predecessor = topology.predecessors(topology.random_ring(fed.nodes, fed.seed, 1))
+    for node in fed.nodes:
+        primary, replay = feder.trained_on(fed, node)
+        assert primary is fed.train[node] and torch.equal(replay.images, fed.buffers[predecessor[node]].images)
 
 
 def test_cross_validation_uses_train_folds_only(cli, fl_exp, tmp_path):
@@ -284,3 +379,34 @@ def test_resume_without_a_checkpoint_does_not_overwrite_finished_output(cli, fl_
     exp = copy_exp(fl_exp, tmp_path)
     cli.ok("federate", "--exp", exp, "--strategy", "fedavg", *FAST)
     assert "--overwrite" in cli.user_error("federate", "--exp", exp, "--strategy", "fedavg", "--resume", *FAST)
+
+
+def test_nodes_may_keep_their_own_architectures_where_models_never_move(cli, fl_exp, tmp_path):
+    """FedER-A shares only synthetic images, so each hospital may keep its own network: it trains, resumes,
+    predicts as an ensemble and is reported; a strategy that moves or averages models refuses."""
+    exp = copy_exp(fl_exp, tmp_path)
+    own = ("node0=cnn", "node1=resnet18")
+    args = ["--exp", exp, "--strategy", "feder-a", "--model", own[0], "--model", own[1], "--rounds", "2",
+            "--bootstrap", "20"]
+
+    def crash(strategy, round_):
+        if round_ == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(FederateConfig(exp=exp, strategy=("feder-a",), model=own, rounds=2, bootstrap=20),
+                  after_round=crash)
+    cli.ok("federate", *args, "--resume")
+    models = exp / "federate" / "feder-a" / "models"
+    assert "layer1.0.conv1.weight" in load_tensors(models / "node1.safetensors", "m")
+    for node in ("node0", "node2"):  # node2 keeps the default architecture
+        assert "features.0.weight" in load_tensors(models / f"{node}.safetensors", "m")
+    index, _ = write_test_pngs(exp, "node0", tmp_path / "images")
+    cli.ok("predict", "--exp", exp, "--strategy", "feder-a", "--ensemble", "--data-dir", tmp_path / "images",
+           "--out", tmp_path / "ensemble.csv", "--device", "cpu")
+    assert len(pd.read_csv(tmp_path / "ensemble.csv")) == len(index)
+    cli.ok("report", "--exp", exp)
+    assert "feder-a: node0 cnn, node1 resnet18, node2 cnn" in (exp / "report" / "report.md").read_text()
+    line = cli.user_error("federate", "--exp", exp, "--strategy", "fedavg", "--model", own[0], "--model", own[1])
+    assert "different architectures" in line and "fedavg" in line
+    assert not (exp / "federate" / "fedavg").exists()

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fedcli.fl import topology
+from fedcli.fl.batchnorm_check import reestimated
 from fedcli.fl.local import LocalSettings, TensorSource, proximal_term, replay_loss, train_local
 from fedcli.fl.payloads import PayloadError, decode_buffer, decode_model, encode_buffer, encode_model
 from fedcli.fl.transport import weighted_average
@@ -182,3 +183,15 @@ def test_buffer_pngs_of_another_mode_or_size_are_rejected():
                             "labels": torch.tensor([0])}, {"codec": "png", "shape": [1, 1, 8, 8]})
     with pytest.raises(PayloadError, match="expected 8-bit L"):
         decode_buffer(payload, (1, 8, 8), 2)
+
+
+def test_reestimated_statistics_are_the_exact_average_over_the_batches_and_leave_the_model_alone():
+    model = torch.nn.Sequential(torch.nn.BatchNorm2d(2))
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randn(4, 2, 3, 3, generator=generator) * (1 + i) + i for i in range(3)]
+    refreshed = reestimated(model, batches, "cpu")
+    layer = refreshed[0]
+    assert torch.allclose(layer.running_mean, torch.stack([b.mean(dim=(0, 2, 3)) for b in batches]).mean(0))
+    assert torch.allclose(layer.running_var, torch.stack([b.var(dim=(0, 2, 3)) for b in batches]).mean(0))
+    assert not refreshed.training and layer.momentum == model[0].momentum
+    assert torch.equal(model[0].running_mean, torch.zeros(2)) and torch.equal(model[0].running_var, torch.ones(2))

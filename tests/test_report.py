@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from statistics import stdev
 
@@ -141,10 +143,10 @@ CENTRAL = shared("central", {"n0": 0.6, "n1": 0.7})
 # feder, 2 rounds: 5 MB sent by the nodes (4 MB models, 1 MB buffers), the same received.
 FEDER_COMM = [(1, "n0", "n1", "model", 1_000_000), (1, "n0", "n1", "buffer", 500_000),
               (1, "n1", "n0", "model", 1_000_000), (1, "n1", "n0", "buffer", 500_000),
-              (2, "n0", "n1", "model", 1_000_000), (2, "n1", "n0", "model", 1_000_000)]
-# fedavg, 1 round: each node sends its 1 MB model and receives a 2 MB global model.
-FEDAVG_COMM = [(1, "server", "n0", "global-model", 2_000_000), (1, "server", "n1", "global-model", 2_000_000),
-               (1, "n0", "server", "model", 1_000_000), (1, "n1", "server", "model", 1_000_000)]
+              (2, "n0", "n1", "model", 1_000_000), (2, "n1", "n0", "model", 1_000_000),
+              (2, "n0", "n1", "eval", 1_500_000), (2, "n1", "n0", "eval", 1_500_000)]  # cross-evaluation only
+# fedavg, 1 round: each node contributes a 1 MB all-reduce volume at rounds 0 and 1.
+FEDAVG_COMM = [(r, n, "all", "all-reduce", 1_000_000) for r in (0, 1) for n in ("n0", "n1")]
 
 
 def make_single(exp: Path) -> Path:
@@ -373,6 +375,16 @@ def test_table3_pools_node_models_over_replicates(seeds):
     assert_stat(cell(table, "feder", "n1"), 0.575, stdev([0.5, 0.6, 0.3, 0.9]), 4)
 
 
+def test_paired_differences_from_feder_are_taken_within_each_seed(seeds):
+    table = built(study.paired_table(load_experiment(seeds), "accuracy"))
+    row = table.frame.loc["standalone"]
+    # own test sets: seed 0 0.6 - 0.7, seed 1 0.8 - 0.8; t(0.975, 1) = 12.71 times the standard error 0.05
+    assert row["seeds"] == 2 and row["own test sets (Tables 2, 4, 7)"] == "-0.050 [-0.685, +0.585]"
+    # every node model on every test set: seed 0 0.425 - 0.575, seed 1 0.525 - 0.625
+    assert row["every node model, every test set (Table 3)"] == "-0.125 [-0.443, +0.193]"
+    assert isinstance(study.paired_table(load_experiment(seeds)[:1], "accuracy"), study.Missing)
+
+
 def test_privacy_table_over_replicates(seeds):
     table = built(study.privacy_table(load_experiment(seeds)))
     assert_stat(cell(table, "n0", "LPIPS priv"), 0.06, stdev([0.05, 0.07]), 2)
@@ -446,15 +458,16 @@ def test_table7_variants(single):
 def test_table8_bytes_per_node(single):
     table = built(study.table8(load_experiment(single), "accuracy"))
     assert list(table.frame.index) == ["feder", "fedavg", "central"]  # runs with a comm.csv
-    assert list(table.frame.columns) == ["sent/node (MB)", "received/node (MB)", "model (MB)", "buffer (MB)",
-                                         "global-model (MB)", "sent/node/round (MB)"]  # eval: all zero, dropped
+    assert list(table.frame.columns) == ["training sent/node (MB)", "training received/node (MB)", "model (MB)",
+                                         "buffer (MB)", "all-reduce (MB)", "eval (MB)",
+                                         "training sent/node/round (MB)"]
     got = means(table)
-    assert got["feder"] == pytest.approx({"sent/node (MB)": 2.5, "received/node (MB)": 2.5, "model (MB)": 2.0,
-                                          "buffer (MB)": 0.5, "global-model (MB)": 0.0,
-                                          "sent/node/round (MB)": 1.25})
-    assert got["fedavg"] == pytest.approx({"sent/node (MB)": 1.0, "received/node (MB)": 2.0, "model (MB)": 1.0,
-                                           "buffer (MB)": 0.0, "global-model (MB)": 2.0,
-                                           "sent/node/round (MB)": 1.0})
+    assert got["feder"] == pytest.approx({"training sent/node (MB)": 2.5, "training received/node (MB)": 2.5,
+                                          "model (MB)": 2.0, "buffer (MB)": 0.5, "all-reduce (MB)": 0.0,
+                                          "eval (MB)": 1.5, "training sent/node/round (MB)": 1.25})
+    assert got["fedavg"] == pytest.approx({"training sent/node (MB)": 2.0, "training received/node (MB)": 2.0,
+                                           "model (MB)": 0.0, "buffer (MB)": 0.0, "all-reduce (MB)": 2.0,
+                                           "eval (MB)": 0.0, "training sent/node/round (MB)": 2.0})
     assert all(v == 0 for v in got["central"].values())
 
 
@@ -597,7 +610,7 @@ def test_report_csv_columns_are_numbers(single_report):
     frame = frame.set_index("strategy")
     assert frame.loc["central", "mean"] == pytest.approx(0.65) and frame.loc["central", "mean_std"] == 0
     comm = read_csv(single_report, "table8_communication").set_index("strategy")
-    assert comm.loc["feder", "sent/node (MB)"] == pytest.approx(2.5)
+    assert comm.loc["feder", "training sent/node (MB)"] == pytest.approx(2.5)
 
 
 def test_report_md_bold_and_missing_tables(single_report):
@@ -742,3 +755,12 @@ def test_scalability_figure_needs_several_node_counts_and_counts_a_shared_run_on
     (linked / "federate" / "feder").symlink_to(buffers / "runs" / "buffer-size=10" / "federate" / "feder")
     table = study.table6(load_experiment(buffers), "accuracy")
     assert table.frame.loc["buffer 10", "n0"].n == 2  # two node models, not four
+
+
+def test_the_report_never_imports_the_pipeline_that_runs_it():
+    """One direction only: fedcli run makes sub-experiments and the report reads them, through the naming
+    both share (fedcli/subexperiments.py)."""
+    loaded = subprocess.run([sys.executable, "-c", "import sys, fedcli.report.build; "
+                             "print(sorted(m for m in sys.modules if m.startswith('fedcli.pipeline')))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

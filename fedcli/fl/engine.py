@@ -17,16 +17,20 @@ import numpy as np
 from torch import nn
 
 from fedcli.data.dataset import NodeDataset
+from fedcli.config import architectures
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
+from fedcli.fl.batchnorm_check import has_batchnorm, reestimated, refresh_batches
 from fedcli.fl.evaluate import evaluate, predict
 from fedcli.fl.local import LocalSettings, TensorSource, train_local
 from fedcli.fl.payloads import decode_buffer, decode_model, encode_buffer, encode_model
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.strategies import SHARED_MODELS, Strategy
-from fedcli.fl.transport import EVERYONE, KINDS, SERVER, InProcessTransport, Transfer, Transport
+from fedcli.fl.transport import EVERYONE, KINDS, InProcessTransport, Transfer, Transport
 from fedcli.models.classifier import build_classifier
 from fedcli.rng import numpy_stream, stream_seed, torch_stream
+
+TrainedOn = Callable[[str], tuple[TensorSource, "TensorSource | None"]]  # node -> its last round's sources
 
 
 class LazySources(dict):
@@ -58,24 +62,28 @@ class NodeImages:
 
 
 class Federation:
-    def __init__(self, manifest: Manifest, buffers: Callable[[str], TensorSource], *, seed: int, model: str,
+    def __init__(self, manifest: Manifest, buffers: Callable[[str], TensorSource], *, seed: int,
+                 model: tuple[str, ...] | str,
                  epochs: int, init_epochs: int, lr: float, batch: int, lam: float, buffer_codec: str = "png",
                  fold: int | None = None, device: str = "cpu", bootstrap: int = 1000, pretrained: bool = False,
                  model_weights: Path | None = None, node_batch: dict[str, int] | None = None,
                  images: NodeImages | None = None, transport: Transport | None = None,
-                 local_nodes: list[str] | None = None, cross_eval: bool = True):
+                 local_nodes: list[str] | None = None, cross_eval: bool = True, weighting: str = "samples"):
         """`local_nodes`: the nodes this process runs (default all: the in-process simulation); the
         transport connects them to the others. `cross_eval`: evaluate every node's model, not only
         this process's (models then travel to every test set)."""
         self.manifest, self.nodes, self.seed, self.device = manifest, manifest.node_names, seed, device
         self.local_nodes = list(self.nodes if local_nodes is None else local_nodes)
         self.cross_eval = cross_eval
-        self.model_name, self.pretrained, self.model_weights = model, pretrained, model_weights
+        self.model_name, self.own_models = architectures(model)
+        self.pretrained, self.model_weights = pretrained, model_weights
         self.epochs, self.init_epochs, self.lr, self.batch, self.lam = epochs, init_epochs, lr, batch, lam
+        self.weighting = weighting
         self.node_batch = dict(node_batch or {})
-        unknown = sorted(set(self.node_batch) - set(self.nodes))
-        if unknown:
-            raise UserError(f"--node-batch names {unknown[0]}, which is not a node; nodes: {', '.join(self.nodes)}")
+        for option, given in (("--node-batch", self.node_batch), ("--model", self.own_models)):
+            unknown = sorted(set(given) - set(self.nodes))
+            if unknown:
+                raise UserError(f"{option} names {unknown[0]}, which is not a node; nodes: {', '.join(self.nodes)}")
         self.num_classes = manifest.num_classes
         self.image_shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])
         self.augment = tuple(manifest.data.get("augment", ()))
@@ -97,7 +105,7 @@ class Federation:
 
     def new_model(self, key: str) -> nn.Module:
         """A freshly initialised classifier; the same key always gives the same weights."""
-        model = build_classifier(self.model_name, self.image_shape[0], self.num_classes,
+        model = build_classifier(self.own_models.get(key, self.model_name), self.image_shape[0], self.num_classes,
                                  stream_seed(self.seed, "model-init", key), self.pretrained, self.model_weights)
         return model.to(self.device)
 
@@ -122,6 +130,10 @@ class Federation:
                                  for k, v in part.items()}
         return self._train_sizes
 
+    def averaging_weights(self) -> dict[str, int]:
+        """Each node's weight in an average: its train-set size (`samples`) or 1 (`equal`)."""
+        return self.train_sizes() if self.weighting == "samples" else dict.fromkeys(self.nodes, 1)
+
     def receive_buffer(self, round_: int, sender: str, node: str) -> TensorSource:
         """The buffer payload from `sender` to `node`, decoded and validated. A payload whose exact bytes
         were decoded before is not decoded again (buffers do not change between rounds; the bytes still
@@ -138,28 +150,24 @@ class Federation:
         own = {key: model for key, model in models.items() if key in self.nodes}
         if not own or set(own) == set(self.nodes):
             return models
-        template = next(iter(own.values())).state_dict()
         received = self.transport.share(round_, {key: encode_model(m.state_dict()) for key, m in own.items()})
         merged = {}
         for key in self.nodes:
             if key in own:
                 merged[key] = own[key]
-            else:
+            else:  # checked against the sender's own architecture
                 merged[key] = self.new_model(key)
-                merged[key].load_state_dict(decode_model(received[key], template))
+                merged[key].load_state_dict(decode_model(received[key], merged[key].state_dict()))
         return merged | {key: model for key, model in models.items() if key not in self.nodes}
 
-    def evaluate(self, strategy: str, round_: int, models: dict[str, nn.Module]) -> list[dict]:
+    def evaluate(self, strategy: str, round_: int, models: dict[str, nn.Module],
+                 trained_on: TrainedOn | None = None) -> list[dict]:
         """The models on the test sets of this process's nodes; plus the ensemble (mean softmax) of the
-        node models when there are several."""
+        node models when there are several. With `trained_on` (the final round), each row also holds
+        the BatchNorm diagnostic's accuracies (fl/batchnorm_check.py)."""
         if self.cross_eval:
             models = self.shared_models(round_, models)
-        probs = {key: {node: predict(model, self.test[node].images, self.device) for node in self.local_nodes}
-                 for key, model in models.items()}
-        node_models = [key for key in models if key in self.nodes]
-        if len(node_models) > 1:
-            probs["ensemble"] = {node: np.mean([probs[k][node] for k in node_models], axis=0)
-                                 for node in self.local_nodes}
+        probs = self.with_ensemble(models, self.probabilities(models))
         rows = []
         for key, per_node in probs.items():
             for node, p in per_node.items():
@@ -167,7 +175,39 @@ class Federation:
                 rng = numpy_stream(self.seed, "bootstrap", strategy, round_, key, node)
                 rows.append({"round": round_, "strategy": strategy, "model_node": key, "test_node": node,
                              "n_test": len(y), **evaluate(y, p, rng, self.bootstrap)})
+        if trained_on is not None:
+            real = self.probabilities(models, lambda node: (self.train[node], None), (), round_)
+            as_trained = self.probabilities(models, trained_on, self.augment, round_)
+            variants = {"accuracy_refreshed": self.with_ensemble(models, real),
+                        "accuracy_refreshed_as_trained": self.with_ensemble(models, as_trained)}
+            for row in rows:
+                y = self.test[row["test_node"]].labels.numpy()
+                for column, p in variants.items():
+                    row[column] = float((p[row["model_node"]][row["test_node"]].argmax(axis=1) == y).mean())
         return rows
+
+    def probabilities(self, models: dict[str, nn.Module], refresh: TrainedOn | None = None,
+                      augment: tuple[str, ...] = (), round_: int = 0) -> dict[str, dict[str, np.ndarray]]:
+        """model key -> test node -> softmax; with `refresh`, each model's BatchNorm statistics are first
+        re-estimated on the batches `refresh(test node)` gives (augmented with `augment`), from one keyed
+        stream, so identical sources give identical statistics."""
+        out: dict[str, dict[str, np.ndarray]] = {key: {} for key in models}
+        for node in self.local_nodes:
+            for key, model in models.items():
+                if refresh is not None and has_batchnorm(model):
+                    primary, replay = refresh(node)
+                    batches = refresh_batches(primary, replay, self.node_batch.get(node, self.batch), augment,
+                                              torch_stream(self.seed, node, round_, "bn-reestimate"))
+                    model = reestimated(model, batches, self.device)
+                out[key][node] = predict(model, self.test[node].images, self.device)
+        return out
+
+    def with_ensemble(self, models: dict[str, nn.Module], probs: dict[str, dict[str, np.ndarray]]) -> dict:
+        node_models = [key for key in models if key in self.nodes]
+        if len(node_models) > 1:
+            probs["ensemble"] = {node: np.mean([probs[k][node] for k in node_models], axis=0)
+                                 for node in self.local_nodes}
+        return probs
 
 
 def row_order(nodes: list[str]) -> Callable[[dict], tuple]:
@@ -179,7 +219,7 @@ def row_order(nodes: list[str]) -> Callable[[dict], tuple]:
 
 
 def transfer_order(nodes: list[str]) -> Callable[[Transfer], tuple]:
-    index = {node: i for i, node in enumerate([*nodes, SERVER, EVERYONE])}
+    index = {node: i for i, node in enumerate([*nodes, EVERYONE])}
     return lambda t: (t.round, index[t.sender], KINDS.index(t.kind), index[t.receiver])
 
 
@@ -202,7 +242,8 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
     for round_ in range(done + 1, rounds + 1):
         strategy.run_round(fed, round_)
         if round_ % eval_every == 0 or round_ == rounds:
-            rows += fed.evaluate(strategy.name, round_, strategy.models())
+            trained_on = (lambda node: strategy.trained_on(fed, node)) if round_ == rounds else None
+            rows += fed.evaluate(strategy.name, round_, strategy.models(), trained_on)
         checkpoint.save(round_, strategy.state(), rows, fed.transport.transfers, config)
         fed.transport.gather(round_, f"the end of round {round_}")  # every node has saved it
         if after_round is not None:

@@ -94,12 +94,31 @@ def train_local(model: nn.Module, primary: TensorSource, replay: TensorSource | 
 
 def _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    anchor = {k: v.to(device) for k, v in anchor.items()} if anchor is not None and settings.mu > 0 else None
+    steps = 0
+    for x, labels, n_primary in training_batches(primary, replay, settings, generator, epoch_size):
+        if on_batch is not None:
+            on_batch(x, labels, n_primary)
+        x, labels = x.to(device).contiguous(memory_format=torch.channels_last), labels.to(device)
+        loss = replay_loss(model(x), labels, n_primary, settings.lam)
+        if anchor is not None:
+            loss = loss + proximal_term(model, anchor, settings.mu)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        steps += 1
+    return steps
+
+
+def training_batches(primary: TensorSource, replay: TensorSource | None, settings: LocalSettings,
+                     generator: torch.Generator, epoch_size: int | None = None):
+    """The (float images, labels, number of primary images) batches of `settings.epochs` epochs, composed
+    as local training composes them: shuffled primary batches, each joined by as many replay images, then
+    augmented. Also what the BatchNorm diagnostic re-estimates statistics on (fl/batchnorm_check.py)."""
     replayer = Cycler(replay, generator) if replay is not None and len(replay) else None
     primary_draws = Cycler(primary, generator)
-    anchor = {k: v.to(device) for k, v in anchor.items()} if anchor is not None and settings.mu > 0 else None
     epoch_size = len(primary) if epoch_size is None else epoch_size
     bounds = batch_bounds(epoch_size, settings.batch)
-    steps = 0
     for _ in range(settings.epochs):
         epoch = primary_draws.take(epoch_size)
         for start, end in bounds:
@@ -113,14 +132,4 @@ def _train_epochs(model, primary, replay, settings, generator, device, anchor, o
             x = to_float(images)
             if settings.augment:
                 x = augment_batch(x, settings.augment, generator)
-            if on_batch is not None:
-                on_batch(x, labels, n_primary)
-            x, labels = x.to(device).contiguous(memory_format=torch.channels_last), labels.to(device)
-            loss = replay_loss(model(x), labels, n_primary, settings.lam)
-            if anchor is not None:
-                loss = loss + proximal_term(model, anchor, settings.mu)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            steps += 1
-    return steps
+            yield x, labels, n_primary

@@ -1,7 +1,8 @@
 """The `federate` stage: run strategies on the partition (and buffers), write their artifacts.
 
 Per strategy, `<exp>/federate/<strategy>/`: metrics.csv (one row per round, model and test set),
-comm.csv (every transfer with its measured bytes), models/<key>.safetensors, config.json.
+bn_statistics.csv (the final round's BatchNorm diagnostic), comm.csv (every transfer with its
+measured bytes), models/<key>.safetensors, config.json.
 With --fold k / --cv, training uses the other train folds and evaluates on fold k, under
 `<exp>/federate/cv/<strategy>/fold<k>/`; the test sets are never touched. A hidden folder next
 to the output holds the checkpoints of the last completed rounds until the run finishes.
@@ -25,6 +26,7 @@ from fedcli.config import ENGINE_OPTIONS, FederateConfig, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device, torch_threads
 from fedcli.errors import UserError
+from fedcli.fl.batchnorm_check import COLUMNS as BN_COLUMNS, DIAGNOSTIC
 from fedcli.fl.checkpoint import Checkpoint
 from fedcli.fl.engine import Federation, NodeImages, run_rounds
 from fedcli.fl.local import TensorSource
@@ -136,7 +138,7 @@ def federation(cfg: FederateConfig, manifest: Manifest, device: str, fold: int |
                       epochs=cfg.epochs, init_epochs=init_epochs(cfg), lr=cfg.lr, batch=cfg.batch, lam=cfg.lam,
                       buffer_codec=cfg.buffer_codec, fold=fold, device=device, bootstrap=cfg.bootstrap,
                       pretrained=cfg.pretrained, model_weights=cfg.model_weights, node_batch=cfg.batch_sizes(),
-                      images=images, **engine)
+                      images=images, weighting=cfg.weighting, **engine)
 
 
 def init_epochs(cfg: FederateConfig) -> int:
@@ -191,8 +193,10 @@ def run_label(name: str, fold: int | None) -> str:
 def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],
                  resolved: dict, overwrite: bool) -> None:
     """metrics.csv, comm.csv, models/<key>.safetensors and config.json, replacing `out` at once."""
+    metrics = pd.DataFrame(rows)
     with staged_output(out, overwrite=overwrite) as stage:
-        write_csv(stage / "metrics.csv", pd.DataFrame(rows))
+        write_csv(stage / "metrics.csv", metrics.drop(columns=list(DIAGNOSTIC), errors="ignore"))
+        write_csv(stage / "bn_statistics.csv", batchnorm_frame(metrics))
         write_csv(stage / "comm.csv", pd.DataFrame([t.__dict__ for t in transfers],
                                                    columns=["round", "sender", "receiver", "kind", "bytes"]))
         for key, state in states.items():
@@ -201,6 +205,12 @@ def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states:
         if resolved["fold"] is not None:
             meta["note"] = cv_note(resolved["fold"])
         write_json(stage / "config.json", meta)
+
+
+def batchnorm_frame(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The final round's BatchNorm diagnostic (fl/batchnorm_check.py), one row per model and test set."""
+    final = metrics[metrics["round"] == metrics["round"].max()].dropna(subset=list(DIAGNOSTIC))
+    return final.rename(columns={"accuracy": "accuracy_stored"})[list(BN_COLUMNS)].reset_index(drop=True)
 
 
 def checkpoint_dir(out: Path) -> Path:

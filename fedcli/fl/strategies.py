@@ -8,11 +8,15 @@ safetensors bytes and is rebuilt and validated by the receiver, so no tensor sto
   data replaying the received buffer), `feder-a` (only buffers travel), `feder-b` (models travel,
   training on synthetic data only: own buffer plus received buffer), `cyclic` (fixed ring, no
   buffers). Before round 1 every node trains its own model for `init_epochs`.
-- Averaging: `fedavg`, `fedprox` (proximal term mu), `fedbn` (BatchNorm stays local). Round 0 is
-  the common initial model; the transport averages, weighted by train size and summed exactly
-  (a simulated server in process, an all-reduce between processes: no server).
+- Averaging: `fedavg`, `fedprox` (proximal term mu), `fedbn` (BatchNorm stays local). Round 0 trains
+  the common initial model for `init_epochs` on every node and averages it; the transport averages,
+  weighted by train size or equally (`--weighting`) and summed exactly (a simulated server in
+  process, an all-reduce between processes: no server).
 - Pooled: `standalone` (each node alone), `central` (real train data pooled), `central-synthetic`
-  (buffers pooled), `central-mixed` (both). Equal budget: init_epochs + R x E epochs.
+  (buffers pooled), `central-mixed` (both).
+
+Equal budget: every strategy takes init_epochs + R x E epochs of optimiser steps over each node's
+real images (FedER's replayed images ride in the same steps; FedER-B's steps are on synthetic ones).
 """
 
 from __future__ import annotations
@@ -57,6 +61,11 @@ class Strategy(abc.ABC):
     def models(self) -> dict[str, nn.Module]:
         """The models to evaluate, by `model_node` (a node name, `global` or `central`)."""
 
+    def trained_on(self, fed: "Federation", node: str) -> tuple[TensorSource, TensorSource | None]:
+        """The primary and replay sources `node` trained on in the last round (the BatchNorm diagnostic's
+        as-trained batches)."""
+        return fed.train[node], None
+
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         return {key: model.state_dict() for key, model in self.models().items()}
 
@@ -77,6 +86,7 @@ class ModelPassing(Strategy):
         self.name, self.models_travel, self.replay = name, models_travel, replay
         self.synthetic_only, self.ring = synthetic_only, ring
         self.node_models: dict[str, nn.Module] = {}
+        self.replayed: dict[str, TensorSource | None] = {}  # the buffer each node replayed in the last round
 
     def primary(self, fed: "Federation", node: str) -> TensorSource:
         return fed.buffers[node] if self.synthetic_only else fed.train[node]
@@ -110,6 +120,10 @@ class ModelPassing(Strategy):
         for node, (model, replay) in received.items():
             fed.train_local(model, node, round_, self.primary(fed, node), replay, epochs=fed.epochs)
         self.node_models = {node: model for node, (model, _) in received.items()}
+        self.replayed = {node: replay for node, (_, replay) in received.items()}
+
+    def trained_on(self, fed: "Federation", node: str) -> tuple[TensorSource, TensorSource | None]:
+        return self.primary(fed, node), self.replayed.get(node)
 
     def models(self) -> dict[str, nn.Module]:
         return dict(self.node_models)
@@ -123,10 +137,13 @@ class ServerAveraging(Strategy):
         self.local_state: dict[str, dict[str, torch.Tensor]] = {}  # FedBN: each node's BN tensors
 
     def setup(self, fed: "Federation", train: bool = True) -> None:
+        """The common initial model; trained, round 0 is a round of init_epochs (FedER's M^0 budget)."""
         self.global_model = fed.new_model("global")
         self.bn_keys = batchnorm_keys(self.global_model) if self.local_bn else set()
         bn_state = {k: v.clone() for k, v in self.global_model.state_dict().items() if k in self.bn_keys}
         self.local_state = {node: copy.deepcopy(bn_state) for node in fed.local_nodes} if self.local_bn else {}
+        if train and fed.init_epochs:
+            self.train_and_average(fed, 0, fed.init_epochs)
 
     def shared(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v for k, v in state.items() if k not in self.bn_keys}
@@ -137,6 +154,9 @@ class ServerAveraging(Strategy):
         return model
 
     def run_round(self, fed: "Federation", round_: int) -> None:
+        self.train_and_average(fed, round_, fed.epochs)
+
+    def train_and_average(self, fed: "Federation", round_: int, epochs: int) -> None:
         """Each node trains from the global model; the transport averages what they share (a server in
         process, an all-reduce across processes), so every node ends with the same global model."""
         global_shared = self.shared(self.global_model.state_dict())
@@ -144,12 +164,12 @@ class ServerAveraging(Strategy):
         states = {}
         for node in fed.local_nodes:
             model = self.node_model(fed, node, global_shared)
-            fed.train_local(model, node, round_, fed.train[node], None, epochs=fed.epochs, anchor=anchor, mu=self.mu)
+            fed.train_local(model, node, round_, fed.train[node], None, epochs=epochs, anchor=anchor, mu=self.mu)
             state = model.state_dict()
             if self.local_bn:
                 self.local_state[node] = {k: v.detach().clone() for k, v in state.items() if k in self.bn_keys}
             states[node] = self.shared(state)
-        averaged = fed.transport.average(round_, states, fed.train_sizes())
+        averaged = fed.transport.average(round_, states, fed.averaging_weights())
         self.global_model.load_state_dict({**self.global_model.state_dict(), **averaged})
 
     def models(self) -> dict[str, nn.Module]:
@@ -203,6 +223,9 @@ class Pooled(Strategy):
     def run_round(self, fed: "Federation", round_: int) -> None:
         for key, model in self.trained.items():
             fed.train_local(model, key, round_, self.data[key], None, epochs=fed.epochs)
+
+    def trained_on(self, fed: "Federation", node: str) -> tuple[TensorSource, TensorSource | None]:
+        return self.data[node if self.per_node else "central"], None
 
     def models(self) -> dict[str, nn.Module]:
         return dict(self.trained)

@@ -3,9 +3,10 @@
 Strategies only talk to a `Transport`: point-to-point `send`/`receive` of safetensors bytes, a
 weighted `average` of the shared parameters, `share` of models for cross-evaluation, and `gather`
 of small JSON records (sizes, checkpoint rounds, metrics). The in-process transport simulates every
-node in one process (a server averages); `fedcli.fl.distributed.transport` runs one node per
-process on torch.distributed (an all-reduce averages, no server). Every transfer is recorded with
-its bytes, so `comm.csv` is measured, not estimated.
+node in one process; `fedcli.fl.distributed.transport` runs one node per process on
+torch.distributed. Neither has a server: averaging is an all-reduce, computed in process as the
+sum it would produce. Every transfer is recorded with its bytes (an all-reduce's from its volume),
+so both engines write the same `comm.csv` for the same run.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from collections import defaultdict
 
 import torch
 
-from fedcli.fl.payloads import decode_model, encode_model
+from fedcli.fl.payloads import PayloadError
 
-SERVER = "server"
 EVERYONE = "all"  # the receiver of a collective (all-reduce) contribution
-KINDS = ("model", "buffer", "global-model", "eval", "all-reduce")
+TRAINING_KINDS = ("model", "buffer", "all-reduce")
+KINDS = (*TRAINING_KINDS, "eval")  # eval: models sent only to be tested on another node's test set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Transport(abc.ABC):
 
 
 class InProcessTransport(Transport):
-    """Every node in this process: mailboxes, and a simulated server that averages."""
+    """Every node in this process: mailboxes, and the distributed engine's all-reduce, computed here."""
 
     def __init__(self):
         super().__init__()
@@ -89,21 +90,32 @@ class InProcessTransport(Transport):
 
     def average(self, round_: int, states: dict[str, dict[str, torch.Tensor]],
                 weights: dict[str, int]) -> dict[str, torch.Tensor]:
-        """Nodes upload to the server, which averages in node order and sends the mean back down."""
-        template = next(iter(states.values()))
+        """The sum an all-reduce computes (the same fixed point, so the same bits), and for each node the
+        volume the distributed engine records for it: both engines give the same comm.csv."""
         for node, state in states.items():
-            self.send(round_, node, SERVER, "model", encode_model(state))
-        received = [decode_model(self.receive(round_, node, SERVER, "model"), template) for node in states]
-        payload = encode_model(weighted_average(received, [weights[node] for node in states]))
-        for node in states:
-            self.send(round_, SERVER, node, "global-model", payload)
-        return [decode_model(self.receive(round_, SERVER, node, "global-model"), template) for node in states][-1]
+            check_finite(node, state, round_)
+            self.record(round_, node, EVERYONE, "all-reduce", all_reduce_bytes(state, len(weights)))
+        nodes = list(states)
+        return weighted_average([states[node] for node in nodes], [weights[node] for node in nodes])
 
     def share(self, round_: int, payloads: dict[str, bytes]) -> dict[str, bytes]:
         return dict(payloads)  # every model already lives here
 
     def gather(self, record, what: str) -> list:
         return [record]
+
+
+def check_finite(node: str, state: dict[str, torch.Tensor], round_: int) -> None:
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise PayloadError(f"node {node}'s model tensor {name!r} holds non-finite values after round {round_}")
+
+
+def all_reduce_bytes(state: dict[str, torch.Tensor], world: int) -> int:
+    """What a ring all-reduce sends per node for `state`: 2 (N - 1) / N times its int64 fixed-point vector
+    and its exponents (computed from their size: gloo does not report what it sent)."""
+    volume = (sum(tensor.numel() for tensor in state.values()) + len(state)) * 8
+    return round(2 * (world - 1) / world * volume)
 
 
 def scale_exponents(state: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:

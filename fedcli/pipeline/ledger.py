@@ -20,8 +20,8 @@ from fedcli import __version__
 from fedcli.artifact_kinds import CONFIG, file_sha256, output_files, stale_inputs
 from fedcli.artifacts import canonical_json, read_json, write_json
 from fedcli.errors import UserError
+from fedcli.subexperiments import LEDGER
 
-LEDGER = ".fedcli-run.json"
 
 
 def fingerprint(unit: str, config: dict[str, Any], upstream: list[str]) -> str:
@@ -67,11 +67,3 @@ class Ledger:
 
     def save(self) -> None:
         write_json(self.path, self.data)
-
-
-def point_values(folder: Path) -> dict[str, Any]:
-    """The sweep values a sub-experiment was made with ({} for an experiment not made by a sweep)."""
-    path = Path(folder) / LEDGER
-    if not path.is_file():
-        return {}
-    return {f"{table}.{name}": value for table, name, value in read_json(path, "run ledger").get("point", [])}

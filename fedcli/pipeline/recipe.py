@@ -15,13 +15,13 @@ import copy
 import dataclasses
 import itertools
 import tomllib
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from fedcli.config import (RECIPE_TABLES, AuditConfig, FederateConfig, GanConfig, Metric, PartitionConfig,
                            ReportConfig, coerce, read_recipe, stage_values)
 from fedcli.errors import UserError
+from fedcli.subexperiments import key_values
 
 STAGE_CLASSES = {"partition": PartitionConfig, "train_gan": GanConfig, "federate": FederateConfig,
                  "audit": AuditConfig, "report": ReportConfig}
@@ -137,15 +137,6 @@ def check_run_keys(table: str, values: dict[str, Any], origin: str) -> None:
         if name in NOT_IN_RUN:
             raise UserError(f"{origin}: {table}.{name.replace('_', '-')} does not apply to fedcli run "
                             f"({NOT_IN_RUN[name]}); remove it from the recipe")
-
-
-def key_values(items: Iterable[tuple[str, Any]]) -> str:
-    """`key=value,...` with option names as on the command line: sub-experiment and grid folder names."""
-    return ",".join(f"{key.replace('_', '-')}={format_value(value)}" for key, value in items)
-
-
-def format_value(value: Any) -> str:
-    return ("-".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)).replace("/", "_")
 
 
 def apply_set(raw: dict[str, Any], item: str) -> None:

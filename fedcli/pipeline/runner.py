@@ -28,7 +28,8 @@ from fedcli.data.manifest import Manifest
 from fedcli.fl.strategies import NEEDS_BUFFERS
 from fedcli.locking import locked
 from fedcli.pipeline.ledger import Ledger, fingerprint
-from fedcli.pipeline.recipe import NOT_FINGERPRINTED, Point, Recipe, key_values
+from fedcli.pipeline.recipe import NOT_FINGERPRINTED, Point, Recipe
+from fedcli.subexperiments import key_values
 
 BUFFER_KEYS = ("buffer_size", "lam", "buffer_codec")
 

@@ -21,7 +21,8 @@ from fedcli.report.collect import SubExperiment, load_experiment, replicate_grou
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.study import Missing, ReportTable
 
-GROUP_TABLES = (study.headline, study.table1, study.table2, study.table3, study.table4, study.table5, study.table7, study.table8)
+GROUP_TABLES = (study.headline, study.table1, study.table2, study.table3, study.table4, study.table5, study.table7,
+                study.table8, study.paired_table, study.batchnorm_table)
 
 
 @dataclasses.dataclass
@@ -90,9 +91,8 @@ def run(cfg: ReportConfig) -> Report:
         headline = None
         for label, reps in groups.items():
             w.lines += [f"## Federated learning{f' ({label})' if label else ''}", ""]
-            note = study.engine_note(reps)
-            if note:
-                w.lines += [note, ""]
+            notes = [study.architecture_note(reps), study.engine_note(reps)]
+            w.lines += [" ".join(note for note in notes if note), ""]
             for builder in GROUP_TABLES:
                 made = w.table(builder(reps, metric), label)
                 if builder is study.headline and headline is None:

@@ -21,8 +21,7 @@ import pandas as pd
 from fedcli.artifact_kinds import CONFIG, stale_inputs
 from fedcli.errors import UserError
 from fedcli.fl.strategies import SHARED_MODELS
-from fedcli.pipeline.ledger import point_values
-from fedcli.pipeline.recipe import key_values
+from fedcli.subexperiments import key_values, point_values
 
 SEED_KEY = "partition.seed"
 
@@ -62,6 +61,7 @@ class Run:
     metrics: pd.DataFrame
     comm: pd.DataFrame | None
     folder: Path
+    batchnorm: pd.DataFrame | None = None  # the final round's BatchNorm diagnostic (bn_statistics.csv)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +119,9 @@ def load_metrics(folder: Path) -> pd.DataFrame:
 
 def load_run(folder: Path) -> Run:
     config = load_json(folder / "config.json")["config"]
-    comm = pd.read_csv(folder / "comm.csv") if (folder / "comm.csv").is_file() else None
-    return Run(config["strategy"], config.get("fold"), config, load_metrics(folder), comm, folder)
+    comm, batchnorm = (pd.read_csv(folder / name) if (folder / name).is_file() else None
+                       for name in ("comm.csv", "bn_statistics.csv"))
+    return Run(config["strategy"], config.get("fold"), config, load_metrics(folder), comm, folder, batchnorm)
 
 
 def finished(folder: Path) -> list[Path]:

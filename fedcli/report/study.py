@@ -12,9 +12,11 @@ from collections import defaultdict
 
 import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
+from fedcli.config import architectures
 from fedcli.fl.transport import EVERYONE, KINDS
-from fedcli.report.collect import Stat, SubExperiment, cross_scores, own_scores
+from fedcli.report.collect import Stat, SubExperiment, cross_scores, own_rows, own_scores
 
 BASELINES = ("feder", "standalone", "central", "central-synthetic", "central-mixed")
 FEDERATED = ("feder", "fedavg", "fedprox", "fedbn")
@@ -112,6 +114,21 @@ def engine_note(subs: list[SubExperiment]) -> str | None:
         parts.append(f"Cross-evaluation was off for {', '.join(off)}: each node tested only the models it holds, so "
                      "these have no node-convergence (Table 3) or ensemble entries.")
     return " ".join(parts)
+
+
+def architecture_note(subs: list[SubExperiment]) -> str:
+    """Each strategy's classifier, and each node's own where --model NODE=ARCH gave one."""
+    described = {}
+    for run in (r for s in subs for r in s.runs):
+        default, own = architectures(run.config.get("model", "cnn"))
+        described.setdefault(run.strategy, ", ".join(f"{node} {own.get(node, default)}" for node in nodes_of(subs))
+                             if own else default)
+    if not described:
+        return ""
+    groups = defaultdict(list)
+    for strategy, text in described.items():
+        groups[text].append(strategy)
+    return "Classifiers: " + "; ".join(f"{', '.join(names)}: {text}" for text, names in groups.items()) + "."
 
 
 def table2(subs: list[SubExperiment], metric: str) -> Built:
@@ -221,6 +238,86 @@ def table7(subs: list[SubExperiment], metric: str) -> Built:
                        "over test sets of the node models' mean; model spread: mean over test sets of their std")
 
 
+def paired_table(subs: list[SubExperiment], metric: str) -> Built:
+    """Each strategy minus FedER within each seed (the same partition, GANs and test sets), with a 95%
+    t-interval over the seeds: a ranking that holds seed by seed, not only on average."""
+    title = "Paired differences from FedER, seed by seed"
+    with_feder = [s for s in subs if s.run("feder") is not None]
+    if len(with_feder) < 2:
+        return Missing(title, "federate --strategy feder on two or more seeds (recipes/quickstart-seeds.toml)")
+    nodes = nodes_of(subs)
+
+    def own_mean(sub: SubExperiment, name: str) -> float:
+        scores = own_scores(sub.run(name).metrics, metric)
+        return float(np.mean([scores[n] for n in nodes if n in scores]))
+
+    def convergence(sub: SubExperiment, name: str) -> float | None:
+        pooled = convergence_values([sub], name, metric, nodes)
+        return float(np.mean([np.mean(pooled[n]) for n in nodes])) if all(pooled.get(n) for n in nodes) else None
+
+    rows = {}
+    for name in dict.fromkeys(r.strategy for s in with_feder for r in s.runs if r.strategy != "feder"):
+        subs_with = [s for s in with_feder if s.run(name) is not None]
+        own = [own_mean(s, name) - own_mean(s, "feder") for s in subs_with]
+        pairs = [(convergence(s, name), convergence(s, "feder")) for s in subs_with]
+        converged = [a - b for a, b in pairs if a is not None and b is not None]
+        rows[name] = {"seeds": len(own), "own test sets (Tables 2, 4, 7)": interval(own),
+                      "every node model, every test set (Table 3)": interval(converged)}
+    frame = pd.DataFrame(rows).T
+    frame.index.name = "strategy"
+    return ReportTable("paired_differences", title, frame,
+                       f"{metric} of the strategy minus FedER's, computed within each seed and then averaged, with "
+                       "the 95% t-interval over seeds (negative: FedER is better); own test sets: the mean over "
+                       "nodes of each node's final model on its own test set; Table 3: the mean over test sets of "
+                       "the node models' mean (strategies with node models only)")
+
+
+def interval(differences: list[float]) -> str:
+    """mean [low, high] of paired differences, the 95% t-interval over them; '-' with fewer than two."""
+    if len(differences) < 2:
+        return "-"
+    mean, sem = float(np.mean(differences)), float(np.std(differences, ddof=1) / np.sqrt(len(differences)))
+    half = float(scipy_stats.t.ppf(0.975, len(differences) - 1)) * sem
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
+AS_TRAINED_ON = {"feder": "real + received buffer", "feder-a": "real + received buffer",
+                 "feder-b": "own + received buffer", "central": "pooled real", "central-synthetic": "pooled buffers",
+                 "central-mixed": "pooled real + buffers"}  # every other strategy: the node's real images
+
+
+def batchnorm_table(subs: list[SubExperiment], metric: str) -> Built:
+    """The final round's BatchNorm diagnostic (fl/batchnorm_check.py), per strategy; in accuracy, whatever
+    `metric` the other tables show."""
+    title = "BatchNorm diagnostic: final accuracy with stored and re-estimated statistics"
+    runs = [r for s in subs for r in s.runs if r.batchnorm is not None]
+    if not runs:
+        return Missing(title, "fedcli federate (bn_statistics.csv)")
+    rows = {}
+    for name in dict.fromkeys(r.strategy for r in runs):
+        frames = [r.batchnorm for r in runs if r.strategy == name]
+        own = [own_rows(f) for f in frames]
+        rows[name] = {"stored": Stat.of([f.accuracy_stored.mean() for f in own]),
+                      "refreshed": Stat.of([f.accuracy_refreshed.mean() for f in own]),
+                      "as trained": Stat.of([f.accuracy_refreshed_as_trained.mean() for f in own]),
+                      "largest |refreshed - stored|": Stat.of(
+                          [(f.accuracy_refreshed - f.accuracy_stored).abs().max() for f in own]),
+                      "as trained on": AS_TRAINED_ON.get(name, "the node's real images")}
+    frame = pd.DataFrame(rows).T
+    frame.index.name = "strategy"
+    return ReportTable("batchnorm_diagnostic", title, frame,
+                       "accuracy of each node's final model on its own test set (mean over nodes; every metric is "
+                       "accuracy here, whatever the report's metric), the weights unchanged: stored = BatchNorm "
+                       "running statistics as trained (what every other table shows); refreshed = re-estimated on "
+                       "the node's real training images; as trained = re-estimated on the batches the node trains "
+                       "on in the last round, as composed in training (column 'as trained on'). stored far from as "
+                       "trained: the statistics lag the weights; as trained far from refreshed: the training "
+                       "batches are unlike the node's real images (replay mixes in another hospital's synthetic "
+                       "ones). The largest gap is over the nodes. An averaging strategy's statistics were estimated "
+                       "under each node's weights before the average (FedAvg, FedProx: then averaged too), so its "
+                       "gap measures the average, not lag.")
+
+
 def table8(subs: list[SubExperiment], metric: str) -> Built:
     title = "Table 8. Communication per node (measured bytes), by strategy"
     nodes = nodes_of(subs)
@@ -233,13 +330,14 @@ def table8(subs: list[SubExperiment], metric: str) -> Built:
                 continue
             comm, n = run.comm, len(nodes)
             rounds = int(run.config.get("rounds") or 1)
-            sent = comm[comm.sender.isin(nodes)].bytes.sum() / n
-            received = comm[comm.receiver.isin([*nodes, EVERYONE])].bytes.sum() / n  # a ring receives what it sends
-            per_rep["sent/node (MB)"].append(sent / MB)
-            per_rep["received/node (MB)"].append(received / MB)
+            training = comm[comm.kind != "eval"]
+            sent = training[training.sender.isin(nodes)].bytes.sum() / n
+            received = training[training.receiver.isin([*nodes, EVERYONE])].bytes.sum() / n  # ring: as sent
+            per_rep["training sent/node (MB)"].append(sent / MB)
+            per_rep["training received/node (MB)"].append(received / MB)
             for kind in KINDS:
                 per_rep[f"{kind} (MB)"].append(comm[comm.kind == kind].bytes.sum() / n / MB)
-            per_rep["sent/node/round (MB)"].append(sent / rounds / MB)
+            per_rep["training sent/node/round (MB)"].append(sent / rounds / MB)
         if per_rep:
             rows[name] = {k: Stat.of(v) for k, v in per_rep.items()}
     if not rows:
@@ -247,10 +345,13 @@ def table8(subs: list[SubExperiment], metric: str) -> Built:
     frame = pd.DataFrame(rows).T
     frame = frame[[c for c in frame.columns if any(cell.mean > 0 for cell in frame[c])] or frame.columns[:1]]
     return ReportTable("table8_communication", title, frame,
-                       "bytes as measured on the transport, per node: model = model passing (or node to server), "
-                       "global-model = server to node, eval = cross-evaluation traffic, all-reduce = the volume a "
-                       "ring all-reduce sends per node (distributed engine, computed from the vector size); "
-                       "centralized training moves raw data and is not counted")
+                       "bytes as measured on the transport, per node. Training traffic: model = model passing, "
+                       "buffer = synthetic buffers, all-reduce = the volume a ring all-reduce sends per node when "
+                       "averaging (computed from the vector size, the same on both engines); eval = models sent "
+                       "only to be tested on other nodes' test sets (distributed --cross-eval), never counted as "
+                       "training; per round = over the R rounds, although the averaging strategies also average "
+                       "once at round 0 (their init_epochs, as FedER's M^0). Centralized training moves raw data "
+                       "and is not counted")
 
 
 def table1(subs: list[SubExperiment], metric: str) -> Built:

@@ -6,9 +6,8 @@ fixed point (`transport.fixed_point`), so every rank ends with the same global m
 the in-process one; cross-evaluation all-gathers model
 bytes; small JSON records (sizes, checkpoint rounds, metrics rows) are all-gathered.
 
-Bytes in `comm.csv`: point-to-point and eval rows are the payloads' lengths. An all-reduce row is
-the volume a ring all-reduce sends per node, 2 (N - 1) / N times the int64 vectors, computed from
-their size: gloo does not report what it sent.
+Bytes in `comm.csv`: point-to-point and eval rows are the payloads' lengths; an all-reduce row is
+`transport.all_reduce_bytes`, as the in-process engine records it.
 """
 
 from __future__ import annotations
@@ -17,15 +16,10 @@ import torch
 import torch.distributed as dist
 
 from fedcli.fl.distributed.group import Group
-from fedcli.fl.payloads import PayloadError
-from fedcli.fl.transport import EVERYONE, Transport, fixed_point, from_fixed_point, precision_bits, \
-    scale_exponents
+from fedcli.fl.transport import EVERYONE, Transport, all_reduce_bytes, check_finite, fixed_point, from_fixed_point, \
+    precision_bits, scale_exponents
 
 TAGS = {"model": 1, "buffer": 2}
-
-
-def ring_all_reduce_bytes(vector_bytes: int, world: int) -> int:
-    return round(2 * (world - 1) / world * vector_bytes)
 
 
 class TorchTransport(Transport):
@@ -57,17 +51,14 @@ class TorchTransport(Transport):
         """Two all-reduces: the largest exponent of each tensor (max), then the fixed-point weighted
         states (sum), exactly as the in-process server computes them."""
         (node, state), = states.items()
-        for name, tensor in state.items():
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                raise PayloadError(f"node {node}'s model tensor {name!r} holds non-finite values after round {round_}")
+        check_finite(node, state, round_)
         names, total_weight = list(state), sum(weights.values())
         where = self._where(round_, "all-reduce of the shared parameters")
         with self.group.step(where):
             exponents = self.group.all_reduce(scale_exponents(state, names), dist.ReduceOp.MAX)
         bits = precision_bits(total_weight)
         vector = fixed_point(state, names, weights[node], exponents, bits)
-        volume = (vector.numel() + exponents.numel()) * 8
-        self.record(round_, node, EVERYONE, "all-reduce", ring_all_reduce_bytes(volume, self.group.world))
+        self.record(round_, node, EVERYONE, "all-reduce", all_reduce_bytes(state, self.group.world))
         with self.group.step(where):
             total = self.group.all_reduce(vector)
         return from_fixed_point(total, state, exponents, bits, total_weight)
