@@ -45,14 +45,14 @@ def test_fedprox_with_mu_zero_equals_fedavg_weight_for_weight(cli, fl_exp, tmp_p
     assert not all(torch.equal(avg[k], other[k]) for k in avg)
 
 
-def federation(exp, model="cnn"):
+def federation(exp, model="cnn", init_epochs=1):
     manifest = Manifest.load(exp)
     return Federation(manifest, lambda node: stage.load_buffer(exp, manifest, node, None, "test"), seed=0,
-                      model=model, epochs=1, init_epochs=1, lr=1e-3, batch=32, lam=0.5, bootstrap=20)
+                      model=model, epochs=1, init_epochs=init_epochs, lr=1e-3, batch=32, lam=0.5, bootstrap=20)
 
 
 def test_fedbn_keeps_every_batchnorm_tensor_local_and_differs_from_fedavg(fl_exp):
-    fed = federation(fl_exp, model="resnet18")
+    fed = federation(fl_exp, model="resnet18", init_epochs=0)  # round 1 alone shows what stays local
     fedbn = make_strategy("fedbn", 0.0, 0)
     fedbn.setup(fed)
     after_local = {}

@@ -300,7 +300,7 @@ def batchnorm_table(subs: list[SubExperiment], metric: str) -> Built:
         rows[name] = {"stored": Stat.of([f.accuracy_stored.mean() for f in own]),
                       "refreshed": Stat.of([f.accuracy_refreshed.mean() for f in own]),
                       "as trained": Stat.of([f.accuracy_refreshed_as_trained.mean() for f in own]),
-                      "largest |refreshed - stored|": Stat.of(
+                      "largest gap, refreshed vs stored": Stat.of(
                           [(f.accuracy_refreshed - f.accuracy_stored).abs().max() for f in own]),
                       "as trained on": AS_TRAINED_ON.get(name, "the node's real images")}
     frame = pd.DataFrame(rows).T
