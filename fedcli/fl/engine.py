@@ -177,7 +177,9 @@ class Federation:
                              "n_test": len(y), **evaluate(y, p, rng, self.bootstrap)})
         if trained_on is not None:
             real = self.probabilities(models, lambda node: (self.train[node], None), (), round_)
-            as_trained = self.probabilities(models, trained_on, self.augment, round_)
+            same = not self.augment and all(trained_on(node)[0] is self.train[node] and trained_on(node)[1] is None
+                                            for node in self.local_nodes)  # one stream: the same statistics
+            as_trained = real if same else self.probabilities(models, trained_on, self.augment, round_)
             variants = {"accuracy_refreshed": self.with_ensemble(models, real),
                         "accuracy_refreshed_as_trained": self.with_ensemble(models, as_trained)}
             for row in rows:

@@ -118,10 +118,10 @@ def engine_note(subs: list[SubExperiment]) -> str | None:
 
 def architecture_note(subs: list[SubExperiment]) -> str:
     """Each strategy's classifier, and each node's own where --model NODE=ARCH gave one."""
-    described = {}
+    described, nodes = {}, nodes_of(subs)
     for run in (r for s in subs for r in s.runs):
         default, own = architectures(run.config.get("model", "cnn"))
-        described.setdefault(run.strategy, ", ".join(f"{node} {own.get(node, default)}" for node in nodes_of(subs))
+        described.setdefault(run.strategy, ", ".join(f"{node} {own.get(node, default)}" for node in nodes)
                              if own else default)
     if not described:
         return ""
