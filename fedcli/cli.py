@@ -11,8 +11,8 @@ from typer.core import TyperGroup
 
 from fedcli import __version__, console
 from fedcli.config import (AuditConfig, BufferCodec, Device, Engine, FederateConfig, GanConfig, Launch, LpipsNet,
-                           Metric, ModelName, PartitionConfig, PredictConfig, PrivacyLoss, PrivacyScale, ReportConfig,
-                           Scheme, Source, Task, Weighting, number_or_keyword, resolve)
+                           LrSchedule, Metric, ModelName, PartitionConfig, PredictConfig, PrivacyLoss, PrivacyScale,
+                           ReportConfig, Scheme, Source, Task, Weighting, number_or_keyword, resolve)
 from fedcli.errors import UserError, environment_message
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
@@ -224,6 +224,9 @@ def federate(
                                               "own model (FedER's M^0), or the common initial model, then averaged "
                                               "(FedAvg, FedProx, FedBN) \\[default: E].", show_default=False),
     lr: float = typer.Option(FederateConfig.lr, help="Adam learning rate (fresh optimiser every round)."),
+    lr_schedule: LrSchedule = typer.Option(FederateConfig.lr_schedule, help="constant, or cosine: from --lr down "
+                                           "to 0, step by step, over the whole budget (init-epochs + R x E), the "
+                                           "same for every strategy, so the final weights are at rest."),
     batch: int = typer.Option(FederateConfig.batch, help="Real images per mini-batch (FedER adds as many "
                               "buffer images)."),
     node_batch: list[str] = typer.Option([], help="Repeatable NODE=B: a node's own batch size (the study: "

@@ -322,6 +322,7 @@ def architectures(entries: tuple[str, ...] | str) -> tuple[str, dict[str, str]]:
     return default or "cnn", own
 
 
+LrSchedule = Literal["constant", "cosine"]  # cosine: from lr to 0 over init-epochs + R x E (fl/local.py)
 Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
 
 
@@ -336,6 +337,7 @@ class FederateConfig:
     epochs: int = ranged(1, 1, MAX_COUNT)
     init_epochs: int | None = ranged(None, 0, MAX_COUNT)  # default: epochs
     lr: float = ranged(1e-3, 0, 1, low_open=True)
+    lr_schedule: LrSchedule = "constant"
     batch: int = ranged(32, 1, MAX_BATCH)
     node_batch: tuple[str, ...] = ()  # NODE=B overrides, e.g. montgomery=8 (the study's per-node sizes)
     lam: float = ranged(0.5, 0, 1, why="lambda, the weight of the real-data loss")

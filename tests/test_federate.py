@@ -136,6 +136,41 @@ def test_averaging_strategies_train_round_0_as_feder_does(fl_exp):
     assert not torch.equal(strategies["fedavg"].global_model.state_dict()["head.weight"], untrained)
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+def test_a_cosine_learning_rate_falls_to_zero_over_every_strategys_whole_budget(fl_exp, monkeypatch, schedule):
+    """One cosine over init-epochs + R x E, step by step across rounds (each round's fresh Adam picks it up
+    where the last left off), the same for a model-passing, an averaging and a pooled strategy."""
+    lrs: list[float] = []
+
+    class Recording(torch.optim.Adam):
+        def step(self, closure=None):
+            lrs.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+    monkeypatch.setattr(torch.optim, "Adam", Recording)
+    manifest = Manifest.load(fl_exp)
+    fed = Federation(manifest, lambda node: stage.load_buffer(fl_exp, manifest, node, None, "test"), seed=0,
+                     model="cnn", epochs=1, init_epochs=2, lr=1e-3, batch=32, lam=0.5, rounds=2, lr_schedule=schedule)
+    original, per_key = fed.train_local, {}
+
+    def record(model, key, round_, *args, **kwargs):
+        lrs.clear()
+        n = original(model, key, round_, *args, **kwargs)
+        per_key.setdefault(key, []).extend(lrs)
+        return n
+    fed.train_local = record
+    for name, key in (("feder", "node0"), ("fedavg", "node1"), ("central", "central")):
+        per_key.clear()
+        strategy = make_strategy(name, 0.0, 0 if name != "feder" else 10**6)
+        strategy.setup(fed)
+        for round_ in (1, 2):
+            strategy.run_round(fed, round_)
+        got = torch.tensor(per_key[key], dtype=torch.float64)
+        steps = torch.arange(len(got), dtype=torch.float64)
+        expected = 1e-3 * (0.5 * (1 + torch.cos(torch.pi * steps / len(got))) if schedule == "cosine"
+                           else torch.ones_like(steps))
+        assert len(got) >= 8 and torch.allclose(got, expected, rtol=1e-9, atol=0), name
+
+
 def test_feder_a_never_sends_models_and_feder_sends_measured_bytes(cli, fl_exp, tmp_path):
     exp = copy_exp(fl_exp, tmp_path)
     cli.ok("federate", "--exp", exp, "--strategy", "feder-a", "--strategy", "feder", *FAST)
@@ -387,15 +422,15 @@ def test_nodes_may_keep_their_own_architectures_where_models_never_move(cli, fl_
     exp = copy_exp(fl_exp, tmp_path)
     own = ("node0=cnn", "node1=resnet18")
     args = ["--exp", exp, "--strategy", "feder-a", "--model", own[0], "--model", own[1], "--rounds", "2",
-            "--bootstrap", "20"]
+            "--bootstrap", "20", "--lr-schedule", "cosine"]
 
     def crash(strategy, round_):
         if round_ == 1:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        stage.run(FederateConfig(exp=exp, strategy=("feder-a",), model=own, rounds=2, bootstrap=20),
-                  after_round=crash)
+        stage.run(FederateConfig(exp=exp, strategy=("feder-a",), model=own, rounds=2, bootstrap=20,
+                                 lr_schedule="cosine"), after_round=crash)
     cli.ok("federate", *args, "--resume")
     models = exp / "federate" / "feder-a" / "models"
     assert "layer1.0.conv1.weight" in load_tensors(models / "node1.safetensors", "m")
@@ -406,7 +441,9 @@ def test_nodes_may_keep_their_own_architectures_where_models_never_move(cli, fl_
            "--out", tmp_path / "ensemble.csv", "--device", "cpu")
     assert len(pd.read_csv(tmp_path / "ensemble.csv")) == len(index)
     cli.ok("report", "--exp", exp)
-    assert "feder-a: node0 cnn, node1 resnet18, node2 cnn" in (exp / "report" / "report.md").read_text()
+    report = (exp / "report" / "report.md").read_text()
+    assert "feder-a: node0 cnn, node1 resnet18, node2 cnn" in report
+    assert "Budget: feder-a: 1 + 2 x 1 epochs (round 0, then R x E), Adam lr 0.001 annealed to 0 along a cosine" in report
     line = cli.user_error("federate", "--exp", exp, "--strategy", "fedavg", "--model", own[0], "--model", own[1])
     assert "different architectures" in line and "fedavg" in line
     assert not (exp / "federate" / "fedavg").exists()

@@ -68,17 +68,19 @@ class Federation:
                  fold: int | None = None, device: str = "cpu", bootstrap: int = 1000, pretrained: bool = False,
                  model_weights: Path | None = None, node_batch: dict[str, int] | None = None,
                  images: NodeImages | None = None, transport: Transport | None = None,
-                 local_nodes: list[str] | None = None, cross_eval: bool = True, weighting: str = "samples"):
+                 local_nodes: list[str] | None = None, cross_eval: bool = True, weighting: str = "samples",
+                 rounds: int = 1, lr_schedule: str = "constant"):
         """`local_nodes`: the nodes this process runs (default all: the in-process simulation); the
         transport connects them to the others. `cross_eval`: evaluate every node's model, not only
-        this process's (models then travel to every test set)."""
+        this process's (models then travel to every test set). `rounds` with the epochs sets the budget over
+        which a cosine `lr_schedule` anneals."""
         self.manifest, self.nodes, self.seed, self.device = manifest, manifest.node_names, seed, device
         self.local_nodes = list(self.nodes if local_nodes is None else local_nodes)
         self.cross_eval = cross_eval
         self.model_name, self.own_models = architectures(model)
         self.pretrained, self.model_weights = pretrained, model_weights
         self.epochs, self.init_epochs, self.lr, self.batch, self.lam = epochs, init_epochs, lr, batch, lam
-        self.weighting = weighting
+        self.weighting, self.rounds, self.lr_schedule = weighting, rounds, lr_schedule
         self.node_batch = dict(node_batch or {})
         for option, given in (("--node-batch", self.node_batch), ("--model", self.own_models)):
             unknown = sorted(set(given) - set(self.nodes))
@@ -112,9 +114,17 @@ class Federation:
     def train_local(self, model: nn.Module, key: str, round_: int, primary: TensorSource,
                     replay: TensorSource | None, epochs: int, anchor: dict | None = None, mu: float = 0.0) -> int:
         settings = LocalSettings(epochs=epochs, lr=self.lr, batch=self.node_batch.get(key, self.batch), lam=self.lam,
-                                 mu=mu, augment=self.augment)
+                                 mu=mu, augment=self.augment, schedule=self.lr_schedule,
+                                 span=self.budget_span(round_, epochs))
         return train_local(model, primary, replay, settings, torch_stream(self.seed, key, round_, "local-train"),
                            self.device, anchor)
+
+    def budget_span(self, round_: int, epochs: int) -> tuple[float, float]:
+        """The fractions of the run's epochs (round 0's init-epochs, then R x E) done before and after
+        `epochs` epochs of round `round_`: where a learning-rate schedule stands."""
+        total = self.init_epochs + self.rounds * self.epochs
+        start = 0 if round_ == 0 else self.init_epochs + (round_ - 1) * self.epochs
+        return start / total, (start + epochs) / total
 
     def buffer_payload(self, node: str) -> bytes:
         if node not in self._buffer_payloads:

@@ -4,11 +4,14 @@ With replay, each mini-batch concatenates b primary and b replay images in one f
 (BatchNorm sees both) and the loss is lambda * CE(primary) + (1 - lambda) * CE(replay); the
 replay source is cycled without replacement, so an epoch has as many steps as without replay.
 FedProx adds (mu / 2) * ||w - w_global||^2. A fresh Adam each call: optimiser moments never travel.
+The learning rate is constant, or follows a cosine from lr to 0 over the run's whole budget, of which
+one call trains the span `LocalSettings.span` (fractions of the budget at its first and after its last step).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +57,15 @@ class LocalSettings:
     lam: float = 0.5
     mu: float = 0.0
     augment: tuple[str, ...] = ()
+    schedule: str = "constant"
+    span: tuple[float, float] = (0.0, 1.0)
+
+    def lr_at(self, step: int, steps: int) -> float:
+        """The learning rate of optimiser step `step` of this call's `steps`."""
+        if self.schedule == "constant":
+            return self.lr
+        start, end = self.span
+        return self.lr * 0.5 * (1 + math.cos(math.pi * (start + (end - start) * step / steps)))
 
 
 def batch_bounds(n: int, batch: int) -> list[tuple[int, int]]:
@@ -95,8 +107,11 @@ def train_local(model: nn.Module, primary: TensorSource, replay: TensorSource | 
 def _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     anchor = {k: v.to(device) for k, v in anchor.items()} if anchor is not None and settings.mu > 0 else None
-    steps = 0
+    steps, total = 0, settings.epochs * len(batch_bounds(len(primary) if epoch_size is None else epoch_size,
+                                                          settings.batch))
     for x, labels, n_primary in training_batches(primary, replay, settings, generator, epoch_size):
+        for group in optimizer.param_groups:
+            group["lr"] = settings.lr_at(steps, total)
         if on_batch is not None:
             on_batch(x, labels, n_primary)
         x, labels = x.to(device).contiguous(memory_format=torch.channels_last), labels.to(device)

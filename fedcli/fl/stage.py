@@ -138,7 +138,8 @@ def federation(cfg: FederateConfig, manifest: Manifest, device: str, fold: int |
                       epochs=cfg.epochs, init_epochs=init_epochs(cfg), lr=cfg.lr, batch=cfg.batch, lam=cfg.lam,
                       buffer_codec=cfg.buffer_codec, fold=fold, device=device, bootstrap=cfg.bootstrap,
                       pretrained=cfg.pretrained, model_weights=cfg.model_weights, node_batch=cfg.batch_sizes(),
-                      images=images, weighting=cfg.weighting, **engine)
+                      images=images, weighting=cfg.weighting, rounds=cfg.rounds, lr_schedule=cfg.lr_schedule,
+                      **engine)
 
 
 def init_epochs(cfg: FederateConfig) -> int:

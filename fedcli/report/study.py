@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -116,19 +117,37 @@ def engine_note(subs: list[SubExperiment]) -> str | None:
     return " ".join(parts)
 
 
-def architecture_note(subs: list[SubExperiment]) -> str:
-    """Each strategy's classifier, and each node's own where --model NODE=ARCH gave one."""
-    described, nodes = {}, nodes_of(subs)
+def by_strategy(label: str, subs: list[SubExperiment], describe: Callable[[dict], str]) -> str:
+    """`label: strategies: description; ...`, strategies whose runs' configs read alike grouped."""
+    described = {}
     for run in (r for s in subs for r in s.runs):
-        default, own = architectures(run.config.get("model", "cnn"))
-        described.setdefault(run.strategy, ", ".join(f"{node} {own.get(node, default)}" for node in nodes)
-                             if own else default)
+        described.setdefault(run.strategy, describe(run.config))
     if not described:
         return ""
     groups = defaultdict(list)
     for strategy, text in described.items():
         groups[text].append(strategy)
-    return "Classifiers: " + "; ".join(f"{', '.join(names)}: {text}" for text, names in groups.items()) + "."
+    return f"{label}: " + "; ".join(f"{', '.join(names)}: {text}" for text, names in groups.items()) + "."
+
+
+def architecture_note(subs: list[SubExperiment]) -> str:
+    """Each strategy's classifier, and each node's own where --model NODE=ARCH gave one."""
+    nodes = nodes_of(subs)
+
+    def describe(config: dict) -> str:
+        default, own = architectures(config.get("model", "cnn"))
+        return ", ".join(f"{node} {own.get(node, default)}" for node in nodes) if own else default
+    return by_strategy("Classifiers", subs, describe)
+
+
+def budget_note(subs: list[SubExperiment]) -> str:
+    """How long each strategy trained, in epochs over its training data, and at what learning rate."""
+    def describe(config: dict) -> str:
+        init, rounds, epochs = (config.get(k) for k in ("init_epochs", "rounds", "epochs"))
+        schedule = "annealed to 0 along a cosine over those epochs" if config.get("lr_schedule") == "cosine" \
+            else "constant"
+        return f"{init} + {rounds} x {epochs} epochs (round 0, then R x E), Adam lr {config.get('lr')} {schedule}"
+    return by_strategy("Budget", subs, describe)
 
 
 def table2(subs: list[SubExperiment], metric: str) -> Built:
@@ -313,9 +332,12 @@ def batchnorm_table(subs: list[SubExperiment], metric: str) -> Built:
                        "on in the last round, as composed in training (column 'as trained on'). stored far from as "
                        "trained: the statistics lag the weights; as trained far from refreshed: the training "
                        "batches are unlike the node's real images (replay mixes in another hospital's synthetic "
-                       "ones). The largest gap is over the nodes. An averaging strategy's statistics were estimated "
-                       "under each node's weights before the average (FedAvg, FedProx: then averaged too), so its "
-                       "gap measures the average, not lag.")
+                       "ones). The largest gap is over the nodes. FedAvg and FedProx normalise every hospital with one "
+                       "set of statistics, the average of every node's, so their refreshed column adapts the shared "
+                       "model to one hospital (as FedBN's local statistics do): their gap is what sharing statistics "
+                       "across differing hospitals costs, not lag. FedBN's statistics were estimated under each "
+                       "node's weights before the last average moved them; at a constant learning rate that move "
+                       "is its gap, which a rate annealed to 0 (--lr-schedule cosine) brings to rest.")
 
 
 def table8(subs: list[SubExperiment], metric: str) -> Built:
