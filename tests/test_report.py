@@ -471,6 +471,32 @@ def test_table8_bytes_per_node(single):
     assert all(v == 0 for v in got["central"].values())
 
 
+def test_the_batchnorm_table_reads_each_gap_as_sound_lag_the_training_mix_or_the_average(tmp_path):
+    """(stored, refreshed, as trained) per node's own test set; the reading follows the largest gaps."""
+    cases = {"standalone": [(0.90, 0.91, 0.91), (0.80, 0.80, 0.80)],  # within 0.02: sound
+             "feder-a": [(0.70, 0.90, 0.90), (0.80, 0.80, 0.80)],  # as trained far from stored: lag
+             "feder": [(0.90, 0.80, 0.91), (0.80, 0.85, 0.80)],  # stored = as trained, refreshed apart: the mix
+             "cyclic": [(0.90, 0.86, 0.90), (0.80, 0.80, 0.80)],  # real only, refresh unaugmented: still the mix
+             "fedavg": [(0.60, 0.90, 0.90), (0.90, 0.90, 0.90)]}  # one shared model: the average
+    write_manifest(tmp_path)
+    for name, per_node in cases.items():
+        folder = tmp_path / "federate" / name
+        write_run(folder, name, own_cross({"n0": per_node[0][0], "n1": per_node[1][0]}, {}), rounds=1)
+        key = "global" if name == "fedavg" else None
+        pd.DataFrame([{"model_node": key or node, "test_node": node, "accuracy_stored": a, "accuracy_refreshed": b,
+                       "accuracy_refreshed_as_trained": c} for node, (a, b, c) in zip(NODES, per_node)]
+                     ).to_csv(folder / "bn_statistics.csv", index=False)
+    table = built(study.batchnorm_table(load_experiment(tmp_path), "accuracy"))
+    assert dict(table.frame["reading"]) == {
+        "standalone": "sound", "feder-a": "lag: the statistics trail the weights",
+        "feder": "the training mix (real + received buffer), not lag",
+        "cyclic": "the training mix (real images, augmented as in training), not lag",
+        "fedavg": "the average: one set of statistics shared by hospitals that differ"}
+    assert cell(table, "feder", "largest gap, refreshed vs stored").mean == pytest.approx(0.10)
+    assert cell(table, "feder", "largest gap, as trained vs stored").mean == pytest.approx(0.01)
+    assert cell(table, "feder-a", "stored").mean == pytest.approx(0.75)
+
+
 def test_table1_cross_validation_grid(single):
     table = built(study.table1(load_experiment(single), "accuracy"))
     frame = table.frame.reset_index()
