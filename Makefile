@@ -24,6 +24,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/gan_throughput.py
 	$(BIN)/python bench/federate_throughput.py
 	$(BIN)/python bench/projection_throughput.py
+	$(BIN)/python bench/dp_gan_step.py
 
 clean:
 	rm -rf $(VENV) results/demo .pytest_cache

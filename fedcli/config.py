@@ -51,16 +51,17 @@ class Range:
     low_open: bool = False
     high_open: bool = False
     why: str = ""  # what the bounds mean, for the message
+    inf_allowed: bool = False  # +inf is a value of its own (--dp-epsilon inf: no noise), named in `why`
 
     def check(self, flag: str, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return  # None (chosen later, e.g. the partition's seed) or a keyword value
         if math.isnan(value):
             raise UserError(f"{flag} must be a number, got {value}")
-        if math.isinf(value):
+        if math.isinf(value) and not (self.inf_allowed and value > 0):
             raise UserError(f"{flag} must be a finite number, got {value}")
         below = value <= self.low if self.low_open else value < self.low
-        above = value >= self.high if self.high_open else value > self.high
+        above = not math.isinf(value) and (value >= self.high if self.high_open else value > self.high)
         if below or above:
             why = f" ({self.why})" if self.why else ""
             raise UserError(f"{flag} must {self.describe()}{why}, got {value}")
@@ -230,6 +231,7 @@ LpipsNet = Literal["vgg", "alex"]
 Device = Literal["auto", "cpu", "cuda"]
 ModelName = Literal["cnn", "resnet18", "resnet50", "densenet121"]
 Auto = Literal["auto"]
+Off = Literal["off"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +244,7 @@ class GanConfig:
     seed: int | None = ranged(None, 0, MAX_SEED)  # default: the partition's seed
     iterations: int = ranged(400, 1, MAX_COUNT)
     patience: int = ranged(200, 1, MAX_COUNT)
-    pp_iterations: int = ranged(100, 0, MAX_COUNT)
+    pp_iterations: int | None = ranged(None, 0, MAX_COUNT, why="default 100; 0 under --dp-epsilon")
     fid_every: int = ranged(50, 1, MAX_COUNT)
     fid_images: int = ranged(512, 1, MAX_COUNT)
     fid_factor: float = ranged(2.5, 1, 1000)
@@ -273,6 +275,10 @@ class GanConfig:
     controls: bool = False
     tiny_node: int = ranged(40, 2, MAX_COUNT, why="the tiny-node control's training images")
     reference: int = ranged(0, 0, MAX_COUNT, why="0: no reference GAN")
+    dp_epsilon: float | Off | None = ranged(None, 0, MAX_COUNT, low_open=True, inf_allowed=True,
+                                            why="inf: the DP code path without noise; off: no DP")
+    dp_delta: float | None = ranged(None, 0, 1, low_open=True, high_open=True, why="default 1 / (10 N)")
+    dp_max_grad_norm: float = ranged(1.0, 0, MAX_COUNT, low_open=True)
     sample_only: bool = False
     device: Device = "auto"
     threads: int | None = ranged(None, 1, MAX_THREADS)
@@ -285,6 +291,35 @@ class GanConfig:
             if isinstance(value, str) and value != "auto":
                 raise UserError(f"--{name.replace('_', '-')} must be a number or auto, got {value!r}")
         check_weights_file(self, "lpips_weights", "fid_weights")
+        if self.dp_epsilon == "off":
+            object.__setattr__(self, "dp_epsilon", None)
+        if self.dp_epsilon is not None:
+            check_private(self)
+        elif self.dp_delta is not None:
+            raise UserError("--dp-delta needs --dp-epsilon; give both or neither")
+        if self.pp_iterations is None:
+            object.__setattr__(self, "pp_iterations", 0 if self.private else 100)
+
+    @property
+    def private(self) -> bool:
+        return self.dp_epsilon is not None
+
+
+def check_private(cfg: GanConfig) -> None:
+    """Under --dp-epsilon every path from real images to the released generator and buffer must be
+    closed (gan/private.py): refuse what would open one, or train a GAN outside the accounting."""
+    epsilon = cfg.dp_epsilon  # a number's range is checked with the others
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+        raise UserError(f"--dp-epsilon must be a positive number, inf (the DP code path without noise) or off, "
+                        f"got {epsilon!r}")
+    if cfg.pp_iterations:
+        raise UserError(f"--pp-iterations {cfg.pp_iterations} with --dp-epsilon: phase 2's privacy loss reads real "
+                        "images in the generator's gradient, outside the DP accounting; drop --pp-iterations "
+                        "(0 under DP)")
+    for flag, on in (("--controls", cfg.controls), ("--reference", cfg.reference)):
+        if on:
+            raise UserError(f"{flag} with --dp-epsilon: its GANs would train on real images outside the DP "
+                            f"accounting; run {flag} without --dp-epsilon")
 
 
 def check_weights_file(cfg, *names: str) -> None:

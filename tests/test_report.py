@@ -756,6 +756,38 @@ def test_alpha_table_shows_fid_distance_and_auroc_per_alpha(tmp_path):
     assert isinstance(study.alpha_table(load_experiment(tmp_path)[:1], "accuracy"), study.Missing)
 
 
+def test_dp_table_orders_settings_and_shows_the_guarantee_utility_and_attack_per_node(tmp_path):
+    settings = {"off": (None, 0.9, 0.60), 10.0: (9.9, 0.8, 0.55), 1.0: (0.99, 0.5, 0.50),
+                math.inf: (math.inf, 0.85, 0.5)}  # setting: epsilon spent, FedER accuracy, AUROC
+    for setting, (spent, accuracy, auroc) in settings.items():
+        sub = tmp_path / "runs" / f"dp-epsilon={setting}"
+        write_point(sub, ("train_gan", "dp-epsilon", setting))
+        write_manifest(sub)
+        for node in NODES:
+            write_gan(sub, node, fid1=1.0, fid2=2.0)
+            write_audit(sub, node, 0.1, 0.1, auroc, auroc, 0.5, "pass")
+            gan, audit = sub / "gan" / node / "config.json", sub / "audit" / node / "summary.json"
+            config, summary = json.loads(gan.read_text()), json.loads(audit.read_text())
+            config["config"]["dp_epsilon"] = None if setting == "off" else setting
+            if spent is not None:
+                dp = {"epsilon": spent, "delta": 1e-4, "noise_multiplier": 1.5}
+                config["dp"], summary["dp"] = dp, dp | {"audit_bound": {"holds": setting != 1.0}}
+            write_json(gan, config)
+            write_json(audit, summary)
+        write_run(sub / "federate" / "feder", "feder", own_cross({"n0": accuracy, "n1": accuracy}, {}))
+    subs = load_experiment(tmp_path)
+    table = built(study.dp_table(subs, "accuracy"))
+    assert list(table.frame.index) == [f"{setting}, {node}" for setting in
+                                       ("epsilon 1", "epsilon 10", "epsilon inf", "no DP") for node in NODES]
+    assert table.frame.loc["epsilon 10, n0", "epsilon spent"].mean == pytest.approx(9.9)
+    assert table.frame.loc["epsilon 1, n1", "FedER accuracy"].mean == pytest.approx(0.5)
+    assert table.frame.loc["no DP, n0", "AUROC"].mean == pytest.approx(0.6)
+    assert table.frame.loc["no DP, n0", "epsilon spent"] == "-"
+    assert table.frame.loc["epsilon 1, n0", "TPR within the DP bound"] == "NO"
+    assert table.frame.loc["epsilon inf, n0", "TPR within the DP bound"] == "yes"
+    assert isinstance(study.dp_table([s for s in subs if study.dp_setting(s) is None], "accuracy"), study.Missing)
+
+
 def test_scalability_figure_needs_several_node_counts_and_counts_a_shared_run_once(tmp_path):
     for n in (2, 3):
         sub = tmp_path / "runs" / f"nodes={n}"

@@ -130,6 +130,15 @@ def membership(distances: np.ndarray, is_member: np.ndarray, rng: np.random.Gene
     return out
 
 
+def dp_bound(mia: dict, epsilon: float, delta: float) -> dict:
+    """The (epsilon, delta)-DP sanity bound on a membership attack: at every FPR the audit resolves,
+    TPR <= e^epsilon x FPR + delta (any test of one image's presence obeys it)."""
+    points = [p for p in [*mia["tpr_at_fpr"].values(), mia.get("tpr_at_min_fpr")] if p]
+    limit = [min(1.0, math.exp(epsilon) * p["fpr"] + delta) for p in points]
+    return {"holds": all(p["tpr"] <= bound for p, bound in zip(points, limit)),
+            "points": [{"fpr": p["fpr"], "tpr": p["tpr"], "bound": bound} for p, bound in zip(points, limit)]}
+
+
 def share_test(member_hits: np.ndarray, other_hits: np.ndarray) -> dict:
     """Shares of members and non-members with a property, and Fisher's one-sided p that members' is larger."""
     a, b = int(member_hits.sum()), int(other_hits.sum())

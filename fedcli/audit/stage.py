@@ -186,7 +186,12 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     generators = {name: fast_layout(generator, device) for name, generator in inputs.generators.items()}
     start = projection_start(generators["standard"], audited, seed, node)
     projected = {name: g for name, g in generators.items() if name != "standard" or cfg.standard}
-    frame, reconstructions = project_generators(cfg, projected, audited, start, networks, seed, node)
+    same = same_weights(projected["control"], projected["privacy"])  # DP: no phase 2, one generator
+    frame, reconstructions = project_generators(cfg, {k: g for k, g in projected.items() if not (same and k == "control")},
+                                                audited, start, networks, seed, node)
+    if same:
+        frame = pd.concat([frame, frame[frame.generator == "privacy"].assign(generator="control")], ignore_index=True)
+        reconstructions["control"] = reconstructions["privacy"]
     if inputs.reference is not None:  # its own mapping: its own class-mean start
         reference = fast_layout(inputs.reference, device)
         frame = pd.concat([frame, project_generators(cfg, {"reference": reference}, audited,
@@ -201,6 +206,13 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
                 "steps": cfg.steps, "optimize_noise": cfg.optimize_noise,
                 "phase2_kept_iteration": inputs.saved["phase2"]["kept_iteration"],
                 "note": "empirical attack scores, not a formal privacy guarantee"}
+    if "dp" in inputs.saved:  # train-gan --dp-epsilon: the formal guarantee, and the attack's sanity bound
+        dp = inputs.saved["dp"]
+        summary["dp"] = dp | {"audit_bound": effects.dp_bound(summary["generators"]["privacy"]["mia"], dp["epsilon"],
+                                                                dp["delta"]),
+                              "scope": "the generator and its buffer; FedER's travelling classifiers are not DP"}
+        summary["note"] = (f"({dp['epsilon']:.3g}, {dp['delta']:.2g})-DP per training image for the generator and "
+                           "buffer (DP-SGD discriminator); the attack scores are empirical")
     if cfg.controls:
         summary["controls"] = audit_controls(cfg, inputs, frame, audited, start, networks, seed, node, device)
         summary["controls"]["tiny-node"] = tiny_node_control(cfg, inputs, train, test, networks, seed, node, device)
@@ -263,6 +275,12 @@ def project_generators(cfg: AuditConfig, generators: dict, audited: Audited, sta
                  for i, m, y, a, o, b, c in zip(audited.ids, audited.is_member, audited.labels.tolist(), lp, other,
                                                 l2, ss)]
     return pd.DataFrame(rows), reconstructions
+
+
+def same_weights(first: torch.nn.Module, second: torch.nn.Module) -> bool:
+    """Whether two generators hold identical tensors (then projecting one is projecting both)."""
+    a, b = first.state_dict(), second.state_dict()
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def distances_to_buffer(perceptual: Perceptual, buffer_images: torch.Tensor, audited: Audited) -> dict[str, np.ndarray]:

@@ -280,6 +280,7 @@ class Discriminator(nn.Module):
         x = self.blocks(self.fromrgb(img))
         x = self.conv(self.minibatch_std(x))
         h = self.fc(x.flatten(1))
-        onehot = F.one_hot(labels, self.num_classes).to(h.dtype)
+        # a comparison, not F.one_hot, so per-sample gradients can vmap over the batch (DP training)
+        onehot = (labels.unsqueeze(-1) == torch.arange(self.num_classes, device=labels.device)).to(h.dtype)
         projection = (normalize_2nd_moment(self.embed(onehot)) * h).sum(dim=1, keepdim=True) / math.sqrt(h.shape[1])
         return (self.out(h) + projection).squeeze(1)

@@ -40,7 +40,8 @@ from fedcli.gan.perceptual import Perceptual
 from fedcli.gan.progress import TrainingProgress
 from fedcli.gan.samples import write_samples
 from fedcli.audit.groups import interleave, matched_groups
-from fedcli.gan.train import GanTrainer, TrainSettings, long_run, run_phases, standard_phase
+from fedcli.gan import private
+from fedcli.gan.train import GanTrainer, TrainSettings, long_run, private_run, run_phases, standard_phase
 from fedcli.rng import numpy_stream, stream_seed, torch_stream
 
 
@@ -59,7 +60,8 @@ def settings(cfg: GanConfig, resolution: int) -> TrainSettings:
     able to move p from 0 to 1 within a tenth of phase 1, the reference's EMA half-life."""
     names = {f.name for f in dataclasses.fields(TrainSettings)}
     values = {k: v for k, v in dataclasses.asdict(cfg).items() if k in names}
-    auto = {"r1_gamma": r1_gamma_auto(resolution, cfg.batch), "ada_kimg": cfg.iterations * cfg.batch / 1000 / 10,
+    auto = {"r1_gamma": r1_gamma_auto(resolution, cfg.batch),
+            "ada_kimg": cfg.iterations * cfg.batch / 1000 / 10,
             "ema_kimg": 10 * cfg.batch / 32}
     return TrainSettings(**(values | {k: auto[k] for k, v in values.items() if v == "auto"}))
 
@@ -118,13 +120,23 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> list[dict
     if cfg.sample_only:
         return [resample(cfg, manifest, node, seed, device) for node in nodes]
     arch = architecture(cfg, manifest)
+    plans = {}
     for node in nodes:
         check_output_free(gan_dir(cfg.exp, node), cfg.overwrite)
         check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
         reference_holdout(manifest, node, cfg.reference, seed)
+        plans[node] = dp_plan(cfg, manifest, node)
     perceptual = Perceptual(cfg.lpips_net, cfg.lpips_weights).to(device)
     inception = fid.inception_space(cfg.fid_weights, device)
-    return [train_node(cfg, manifest, node, seed, arch, perceptual, inception, device) for node in nodes]
+    return [train_node(cfg, manifest, node, seed, arch, perceptual, inception, device, plans[node]) for node in nodes]
+
+
+def dp_plan(cfg: GanConfig, manifest: Manifest, node: str) -> private.DpPlan | None:
+    """The node's DP-SGD plan under --dp-epsilon: one D step per iteration, on its training images."""
+    if not cfg.private:
+        return None
+    return private.plan(cfg.dp_epsilon, cfg.dp_delta, cfg.dp_max_grad_norm, cfg.batch,
+                        len(manifest.records(node, "train")), cfg.iterations, node)
 
 
 def side_trainer(main: GanTrainer, data: NodeDataset, index: list[int], seed: int, node: str,
@@ -169,14 +181,16 @@ def check_buffer_size(size: int, classes: list[int], node: str) -> None:
 
 
 def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: Architecture,
-               perceptual: Perceptual, inception: fid.FeatureSpace | None, device: str) -> dict:
+               perceptual: Perceptual, inception: fid.FeatureSpace | None, device: str,
+               dp: private.DpPlan | None) -> dict:
     data = NodeDataset(manifest, node, "train")
     classes = node_classes(manifest, node)
     train = TensorSource(data.images, data.labels)
     features = inception or node_feature_space(cfg, manifest, node, seed, train, device)
     trainer = GanTrainer(arch, settings(cfg, arch.resolution), to_float(data.images), data.labels, perceptual,
                          features, torch_stream(seed, node, "train-gan", device=device),
-                         init_seed=stream_seed(seed, node, "gan-init"), device=device)
+                         init_seed=stream_seed(seed, node, "gan-init"), device=device, dp=dp,
+                         noise=torch_stream(seed, node, "train-gan-dp-noise", device=device))
     rows: list[dict] = []
     tiny_index, tiny = tiny_node(data.labels, cfg.tiny_node, seed, node) if cfg.controls else [], None
     held_out = reference_holdout(manifest, node, cfg.reference, seed)
@@ -184,14 +198,14 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
     with TrainingProgress(node, cfg.iterations, cfg.pp_iterations, cfg.controls, bool(cfg.reference)) as progress:
         log = lambda row: (rows.append(row), progress.update(row))  # noqa: E731
         reseed = stream_seed(seed, node, "train-gan-reseeded") if cfg.controls else None
-        phase1, phase2, control, reseeded = run_phases(trainer, log, reseed)
+        phase1, phase2, control, reseeded = private_run(trainer, log) if dp else run_phases(trainer, log, reseed)
         if cfg.controls:
             tiny = long_run(side_trainer(trainer, data, tiny_index, seed, node, "tiny"), cfg.iterations, "tiny", log)
         if cfg.reference:
             kept = sorted(set(range(len(data))) - set(held_out))
             reference, _ = standard_phase(side_trainer(trainer, data, kept, seed, node, "reference"), log,
                                           "reference")
-    if phase2.iteration == 0:
+    if phase2.stopped == "fid-factor" and phase2.iteration == 0:
         console.warn(f"node {node}: the first phase-2 FID already exceeded {cfg.fid_factor} x the phase-1 FID, so "
                      "the privacy-preserving generator is the standard one; lower --alpha or --fid-every")
     generators = {}
@@ -242,6 +256,7 @@ def train_node(cfg: GanConfig, manifest: Manifest, node: str, seed: int, arch: A
                if reference is not None else {}),
             "buffer": {"size": cfg.buffer_size, "truncation": cfg.truncation, "sha256": file_sha256(out / BUFFER)},
             "fidelity": fidelity_scores,
+            **({"dp": dp.record()} if dp else {}),
         }
         write_json(out / "config.json", provenance("train-gan", to_json(cfg), seed,
                                                    {"manifest": manifest.content_hash}) | summary

@@ -26,6 +26,7 @@ import torch
 from fedcli.gan import ada, fid, losses
 from fedcli.gan.networks import Architecture, Discriminator, Generator
 from fedcli.gan.perceptual import Perceptual
+from fedcli.gan.private import DpPlan, PrivateUpdate, check_per_sample, poisson_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,27 +51,36 @@ class TrainSettings:
     fid_factor: float = 2.5
 
 
-def build_networks(arch: Architecture, seed_value: int) -> tuple[Generator, Discriminator]:
+def build_networks(arch: Architecture, seed_value: int, mbstd_group: int = 4) -> tuple[Generator, Discriminator]:
     """Networks initialised from a keyed seed, leaving the global generator untouched."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_value)
-        return Generator(arch), Discriminator(arch)
+        return Generator(arch), Discriminator(arch, mbstd_group)
 
 
 class GanTrainer:
     def __init__(self, arch: Architecture, settings: TrainSettings, images: torch.Tensor, labels: torch.Tensor,
                  perceptual: Perceptual, features: fid.FeatureSpace, generator: torch.Generator,
-                 init_seed: int, device: str = "cpu"):
-        self.arch, self.s, self.device, self.rng = arch, settings, device, generator
+                 init_seed: int, device: str = "cpu", dp: DpPlan | None = None,
+                 noise: torch.Generator | None = None):
+        """With `dp`, D trains by DP-SGD (gan/private.py) with its Gaussian noise drawn from `noise`, its
+        minibatch-std group is one image (nothing mixes samples), ADA stays off (its p would follow D's
+        outputs on real images) and fake labels are uniform over the node's classes (not its histogram)."""
+        self.arch, self.s, self.device, self.rng, self.dp = arch, settings, device, generator, dp
         self.reals = images.to(device)  # float [-1, 1]
         self.labels = labels.to(device)
-        self.G, self.D = (net.to(device) for net in build_networks(arch, init_seed))
+        self.classes = torch.unique(self.labels)
+        self.G, self.D = (net.to(device) for net in build_networks(arch, init_seed, 1 if dp else 4))
         self.G_ema = copy.deepcopy(self.G).eval().requires_grad_(False)
         betas = (0.0, 0.99)
         r1_ratio = settings.r1_every / (settings.r1_every + 1)
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=settings.lr, betas=betas)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=settings.lr * r1_ratio,
                                       betas=(0.0, 0.99 ** r1_ratio))
+        self.private = None
+        if dp is not None:
+            check_per_sample(self.D, arch, generator)
+            self.private = PrivateUpdate(self.D, self.opt_d, dp, noise)
         self.ada = ada.AdaptiveAugment(settings.ada_target, settings.ada_kimg)
         self.perceptual = perceptual.to(device)
         self.features = features
@@ -95,7 +105,10 @@ class GanTrainer:
         return torch.randn(*shape, generator=self.rng, device=self.rng.device).to(self.device)
 
     def _real_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Epochs of shuffled real images without replacement."""
+        """Epochs of shuffled real images without replacement; under DP a Poisson draw."""
+        if self.dp is not None:
+            index = poisson_batch(len(self.reals), self.dp.sample_rate, self.rng).to(self.device)
+            return self.reals[index], self.labels[index]
         b = self.s.batch
         if len(self._order) < b:
             more = torch.randperm(len(self.reals), generator=self.rng, device=self.rng.device).to(self.device)
@@ -104,9 +117,10 @@ class GanTrainer:
         return self.reals[index], self.labels[index]
 
     def _fake_labels(self, n: int) -> torch.Tensor:
-        """Labels drawn from the node's own label distribution."""
-        pick = torch.randint(0, len(self.labels), (n,), generator=self.rng, device=self.rng.device).to(self.device)
-        return self.labels[pick]
+        """Labels drawn from the node's own label distribution; under DP uniform over its classes."""
+        pool = self.classes if self.dp is not None else self.labels
+        pick = torch.randint(0, len(pool), (n,), generator=self.rng, device=self.rng.device).to(self.device)
+        return pool[pick]
 
     def _uniform(self) -> float:
         return float(torch.rand((), generator=self.rng, device=self.rng.device))
@@ -133,18 +147,14 @@ class GanTrainer:
         fake_labels = self._fake_labels(b)
         with torch.no_grad():
             fakes = self._generate(fake_labels, track=True)
-        augmented_reals = ada.augment(reals, p, self.rng)
+        augmented_reals = ada.augment(reals, p, self.rng)  # under DP p stays 0: the reals themselves
         fake_logits = self.D(ada.augment(fakes, p, self.rng), fake_labels)
         do_r1 = s.r1_gamma > 0 and self.iteration % s.r1_every == 0
-        if do_r1:
-            r1, real_logits = losses.r1_penalty(self.D, augmented_reals, real_labels)
+        if self.private is not None:
+            loss_d = self._private_d_step(augmented_reals, real_labels, fake_logits, do_r1)
+            r1 = torch.tensor(math.nan)
         else:
-            r1, real_logits = torch.zeros((), device=self.device), self.D(augmented_reals, real_labels)
-        loss_d = losses.d_logistic(real_logits, fake_logits) + (s.r1_gamma / 2) * r1 * s.r1_every * do_r1
-        self.opt_d.zero_grad(set_to_none=True)
-        loss_d.backward()
-        self.opt_d.step()
-        self.ada.observe(real_logits)
+            loss_d, r1 = self._d_step(augmented_reals, real_labels, fake_logits, do_r1)
 
         self.D.requires_grad_(False)
         gen_labels = self._fake_labels(b)
@@ -167,6 +177,31 @@ class GanTrainer:
         self.images_seen += b
         self._update_ema()
         return metrics
+
+    def _d_step(self, augmented_reals: torch.Tensor, real_labels: torch.Tensor, fake_logits: torch.Tensor,
+                do_r1: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The standard D update (logistic loss, lazy R1), and ADA's observation of D(real)."""
+        s = self.s
+        if do_r1:
+            r1, real_logits = losses.r1_penalty(self.D, augmented_reals, real_labels)
+        else:
+            r1, real_logits = torch.zeros((), device=self.device), self.D(augmented_reals, real_labels)
+        loss_d = losses.d_logistic(real_logits, fake_logits) + (s.r1_gamma / 2) * r1 * s.r1_every * do_r1
+        self.opt_d.zero_grad(set_to_none=True)
+        loss_d.backward()
+        self.opt_d.step()
+        self.ada.observe(real_logits)
+        return loss_d, r1
+
+    def _private_d_step(self, reals: torch.Tensor, real_labels: torch.Tensor, fake_logits: torch.Tensor,
+                        do_r1: bool) -> torch.Tensor:
+        """The DP-SGD D update; the loss logged is the synthetic half only, as no number computed from real
+        images may leave the step unnoised."""
+        s = self.s
+        fake_loss = torch.nn.functional.softplus(fake_logits).mean()
+        r1_weight = s.r1_gamma / 2 * s.r1_every if do_r1 else 0.0
+        self.private.step(reals, real_labels, r1_weight, fake_loss)
+        return fake_loss.detach()
 
     def _update_ema(self) -> None:
         half_life = min(self.s.ema_kimg * 1000, self.images_seen * self.s.ema_rampup)
@@ -257,6 +292,22 @@ def run_phases(trainer: GanTrainer, log: Callable[[dict], None], reseed: int | N
         trainer.redraw_order()
         reseeded = continuation(trainer, privacy.iteration, phase1, "reseeded", log)
     return Phases(phase1, privacy, control, reseeded)
+
+
+def private_run(trainer: GanTrainer, log: Callable[[dict], None]) -> Phases:
+    """Under DP: phase 1 for exactly its iterations (the steps the accountant planned for), with no early
+    stopping and no snapshot chosen by FID (both read real images); FID is only logged. The last EMA
+    generator is released, and stands as the standard and the control generator too: phase 2, whose
+    privacy loss reads real images in the generator's gradient, does not run."""
+    s, fid_value = trainer.s, math.nan
+    for i in range(1, s.iterations + 1):
+        row = {"phase": 1, "iteration": i, **trainer.step(alpha=0.0)}
+        if evaluated(i, s.iterations, s.fid_every):
+            row["fid"] = fid_value = trainer.fid()
+        log(row)
+    released = PhaseResult(copy.deepcopy(trainer.G_ema.state_dict()), fid_value, s.iterations, s.iterations, "cap")
+    off = PhaseResult(released.generator, fid_value, 0, 0, "dp")
+    return Phases(released, off, off, None)
 
 
 def continuation(trainer: GanTrainer, iterations: int, phase1: PhaseResult, name: str,

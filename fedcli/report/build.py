@@ -103,6 +103,9 @@ def run(cfg: ReportConfig) -> Report:
         before = len(w.lines)
         w.table(study.table6(subs, metric))
         w.table(study.alpha_table(subs, metric))
+        w.table(study.dp_table(subs, metric))
+        if figures.dp_figure(subs, metric, out / "figures" / "dp_utility.png"):
+            w.figure("dp_utility.png", "Privacy against utility per DP setting (mean ± std over nodes)")
         if figures.scalability_figure(subs, metric, out / "figures" / "scalability.png"):
             w.figure("scalability.png", f"Scalability: {cfg.metric} against the number of nodes")
         else:

@@ -74,3 +74,31 @@ def scalability_figure(subs: list[SubExperiment], metric: str, path: Path) -> bo
     ax.legend(fontsize=8)
     save(fig, path)
     return True
+
+
+def dp_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
+    """Per DP setting (targets, inf, no DP): the buffer's fidelity ratio, FedER's score and the membership
+    AUROC, each the mean over nodes (and seeds) with its std."""
+    from fedcli.report.study import by_dp_setting, dp_label
+
+    groups = by_dp_setting(subs)
+    if len(groups) < 2 or not any(setting is not None for setting in groups):
+        return False
+    series = {"fidelity ratio": lambda s: [(g.get("fidelity") or {}).get("ratio") for g in s.gans],
+              f"FedER {metric}": lambda s: list(own_scores(run.metrics, metric).values())
+              if (run := s.run("feder")) is not None else [],
+              "membership AUROC": lambda s: [a["generators"]["privacy"]["mia"]["auroc"] for a in s.audits]}
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    xs = np.arange(len(groups))
+    for name, values_of in series.items():
+        stats = [Stat.of([v for s in reps for v in values_of(s)]) for reps in groups.values()]
+        ax.errorbar(xs, [st.mean for st in stats], yerr=[st.std for st in stats], marker="o", capsize=3, label=name)
+    ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")  # AUROC of no leak
+    ax.set_xticks(xs, [dp_label(setting) for setting in groups])
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Privacy against utility (mean over nodes)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, path)
+    return True

@@ -8,6 +8,7 @@ that says what would produce it. Cells are `Stat`s: mean +- std over seeds or fo
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -463,6 +464,11 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
         calibrated = [g["mia_calibrated"]["auroc"] for g in generators["privacy"] if "mia_calibrated" in g]
         if calibrated:
             rows[node]["AUROC priv calibrated"] = Stat.of(calibrated)
+        private = [a["dp"] for a in mine if "dp" in a]
+        if private:  # train-gan --dp-epsilon: the guarantee, and whether the attack stayed within it
+            rows[node]["DP epsilon"] = Stat.of([d["epsilon"] for d in private])
+            rows[node]["TPR within e^eps FPR + delta"] = ", ".join(
+                dict.fromkeys("yes" if d["audit_bound"]["holds"] else "NO" for d in private))
     network = audits[0].get("lpips_network", "lpips")
     reasons = "; ".join(f"{a['node']}: {a['verdict']['result']} ({', '.join(a['verdict']['reasons'])})"
                         for a in audits if a["verdict"].get("reasons"))
@@ -479,7 +485,11 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
                        "share of images whose projection is closer than their nearest other real image; buffer "
                        "member share = share of synthetic images whose closest audited real image is a member "
                        "(0.5 = none); TPR at the lowest FPR the non-members resolve (10 / their number), with its "
-                       "Clopper-Pearson interval. Empirical attack scores, not a formal privacy guarantee."
+                       "Clopper-Pearson interval. Empirical attack scores, not a formal privacy guarantee"
+                       + ("; DP epsilon: the formal one of a DP generator and its buffer (train-gan --dp-epsilon; "
+                          "FedER's travelling classifiers are not DP), with the sanity check that the attack's TPR "
+                          "stays within e^epsilon x FPR + delta at every resolvable FPR."
+                          if any("dp" in a for a in audits) else ".")
                        + (f" Verdict reasons: {reasons}." if reasons else ""), rows_are="node")
 
 
@@ -552,6 +562,9 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
                            "class fidelity": Stat.of([f["class_fidelity"] for f in scored])}
         if standalone:
             rows[node]["standalone acc"] = Stat.of([sc.get(node) for sc in standalone])
+        private = [g["dp"] for g in mine if g.get("dp")]
+        if private:
+            rows[node]["DP epsilon"] = Stat.of([d["epsilon"] for d in private])
     note = (f"{gans[0]['metric_names']['fid']}; the privacy generator trades FID for distance to the real images. "
             "Fidelity (no pretrained network): the federate classifier trained on the released buffer only "
             "(synthetic acc) or on the node's real training images (real acc), both tested on the node's real "
@@ -563,6 +576,10 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
         note += (" Phase 2 exceeded its FID limit (--fid-factor x the best phase-1 FID) on "
                  f"{', '.join(stopped)}: the privacy generator is the last snapshot within the limit, and the "
                  "standard generator itself where none was (kept iteration 0).")
+    if any(g.get("dp") for g in gans):
+        note += (" DP epsilon: the RDP accountant's for the discriminator's DP-SGD steps (train-gan --dp-epsilon), "
+                 "per training image, at delta 1 / (10 N) unless set; no phase 2 runs under DP, so the privacy "
+                 "generator is the last EMA of phase 1.")
     settings = gans[0].get("settings")
     if settings:
         note += " " + settings_note(settings, gans[0]["config"], gans[0]["buffer"].get("truncation", 1.0))
@@ -629,3 +646,65 @@ def alpha_table(subs: list[SubExperiment], metric: str) -> Built:
                        "ratio of the privacy generator's projection LPIPS to its alpha-0 control's; fidelity ratio = "
                        "the released buffer's (classifier trained on it / on real images); alpha 0 = a standard GAN",
                        rows_are="alpha")
+
+
+def dp_setting(sub: SubExperiment) -> float | None:
+    """The sub-experiment's --dp-epsilon (inf: the DP path without noise), None without DP or when its nodes
+    differ; NaN when it has no GAN."""
+    settings = {g["config"].get("dp_epsilon") for g in sub.gans}
+    return settings.pop() if len(settings) == 1 else math.nan
+
+
+def dp_label(epsilon: float | None) -> str:
+    return "no DP" if epsilon is None else f"epsilon {epsilon:g}"
+
+
+def by_dp_setting(subs: list[SubExperiment]) -> dict[float | None, list[SubExperiment]]:
+    """Sub-experiments by --dp-epsilon, targets in increasing order, then inf, then no DP."""
+    groups: dict[float | None, list[SubExperiment]] = defaultdict(list)
+    for s in subs:
+        if not (isinstance(setting := dp_setting(s), float) and math.isnan(setting)):
+            groups[setting].append(s)
+    return dict(sorted(groups.items(), key=lambda kv: (2, 0) if kv[0] is None else (int(math.isinf(kv[0])), kv[0])))
+
+
+def dp_table(subs: list[SubExperiment], metric: str) -> Built:
+    """Privacy-utility: per DP setting and node, the accountant's (epsilon, delta) and what the buffer,
+    FedER and the attack show."""
+    title = "Differential privacy: privacy against utility per node"
+    groups = by_dp_setting(subs)
+    if len(groups) < 2 or not any(setting is not None for setting in groups):
+        return Missing(title, "train-gan runs with several --dp-epsilon values (recipes/dp-utility.toml)")
+    nodes = nodes_of(subs)
+    rows = {}
+    for setting, reps in groups.items():
+        feder = performance_cells(reps, "feder", metric, nodes)
+        for node in nodes:
+            gans = [g for s in reps for g in s.gans if g["node"] == node]
+            audits = [a for s in reps for a in s.audits if a["node"] == node]
+            dps = [g.get("dp") or {} for g in gans]
+            privacy = [a["generators"]["privacy"] for a in audits]
+            rows[f"{dp_label(setting)}, {node}"] = {
+                "epsilon spent": Stat.of([d.get("epsilon") for d in dps]) if setting is not None else "-",
+                "delta": f"{dps[0]['delta']:.2g}" if dps and dps[0] else "-",
+                "sigma": Stat.of([d.get("noise_multiplier") for d in dps]) if setting is not None else "-",
+                "fidelity ratio": Stat.of([(g.get("fidelity") or {}).get("ratio") for g in gans]),
+                f"FedER {metric}": feder[node],
+                "AUROC": Stat.of([p["mia"]["auroc"] for p in privacy]),
+                "TPR at lowest FPR": ", ".join(lowest_fpr_tpr(p["mia"].get("tpr_at_min_fpr")) for p in privacy),
+                "rebuilt members": Stat.of([p["reconstruction_share"]["members"] for p in privacy]),
+                "TPR within the DP bound": ", ".join(dict.fromkeys(
+                    ("yes" if a["dp"]["audit_bound"]["holds"] else "NO") for a in audits if "dp" in a)) or "-",
+            }
+    return ReportTable("dp_utility", title, pd.DataFrame(rows).T,
+                       "epsilon spent: the RDP accountant's (Opacus) for the discriminator's Poisson-sampled DP-SGD "
+                       "steps, at delta (default 1 / (10 N)); the unit is one training image; the generator and its "
+                       "buffer are DP by post-processing, FedER's travelling classifiers are not. epsilon inf: the "
+                       "same DP code path (Poisson sampling, per-image clipping, no ADA, no phase 2, uniform fake "
+                       "labels) with no noise; no DP: the standard privacy-preserving generator. fidelity ratio: the "
+                       "classifier trained on the buffer over the one trained on real images; FedER: the node's "
+                       "final model on its own test set; AUROC, TPR at the lowest resolvable FPR (with its "
+                       "Clopper-Pearson interval) and rebuilt members: the audit's membership attack and "
+                       "reconstruction share on the released generator; the DP bound: TPR <= e^epsilon x FPR + "
+                       "delta at every resolvable FPR (a sanity check: an attack measured above it would mean "
+                       "the training is not what the accountant assumed)", rows_are="setting and node")

@@ -20,7 +20,9 @@ def gan_table(summaries: list[dict]) -> Table:
     table.title = escape(f"train-gan ({fid_name})")
     columns = ["node", "images", "FID 1", "iters 1", "stop 1", "FID 2", "kept 2", "stop 2", "buffer"]
     scored = any(s.get("fidelity") for s in summaries)
-    for column in columns + (["ratio", "ratio 1", "ratio ctrl", "class fid"] if scored else []):
+    private = any(s.get("dp") for s in summaries)
+    for column in columns + (["ratio", "ratio 1", "ratio ctrl", "class fid"] if scored else []) + \
+            (["epsilon", "delta", "sigma"] if private else []):
         table.add_column(column, justify="left" if column in ("node", "stop 1", "stop 2") else "right")
     for s in summaries:
         p1, p2, f = s["phase1"], s["phase2"], s.get("fidelity")
@@ -31,6 +33,9 @@ def gan_table(summaries: list[dict]) -> Table:
             control = f"{f['control']['ratio']:.3f}" if f and "control" in f else "-"
             cells += [f"{f['ratio']:.3f}", f"{f['phase1']['ratio']:.3f}", control, f"{f['class_fidelity']:.3f}"] \
                 if f else ["-"] * 4
+        if private:
+            dp = s.get("dp") or {}
+            cells += [f"{dp['epsilon']:.3g}", f"{dp['delta']:.2g}", f"{dp['noise_multiplier']:.3g}"] if dp else ["-"] * 3
         table.add_row(*cells)
     return table
 
