@@ -190,13 +190,11 @@ def train_gan(
                                   "the calibrated attack (GAN-Leaks-cal; audit with --max-images at most N). 0: none."),
     tiny_node: int = typer.Option(GanConfig.tiny_node, help="Training images of the tiny-node control (--controls; at "
                                   "most a quarter of the node's), class by class."),
-    dp_epsilon: Optional[str] = typer.Option(None, parser=number_or_keyword, help="Train each discriminator with DP-SGD (Opacus: Poisson "
-                                               "sampling, per-image clipping, Gaussian noise solved for this epsilon "
-                                               "over the planned iterations, RDP accountant); the generator and "
-                                               "buffer are then (epsilon, delta)-DP per training image. inf: the DP "
-                                               "code path without noise; off: no DP. Turns off ADA, FID early stopping and "
-                                               "snapshot choice, phase 2 and minibatch std; fake labels uniform.",
-                                               show_default=False),
+    dp_epsilon: Optional[str] = typer.Option(None, parser=number_or_keyword, show_default=False, help=(
+        "Train each discriminator with DP-SGD (Opacus: Poisson sampling, per-image clipping, Gaussian noise "
+        "solved for this epsilon over the planned iterations, RDP accountant); the generator and buffer are then "
+        "(epsilon, delta)-DP per training image. inf: the DP code path without noise; off: no DP. Turns off ADA, "
+        "FID early stopping and snapshot choice, phase 2 and minibatch std; fake labels uniform.")),
     dp_delta: Optional[float] = typer.Option(None, help="DP delta \\[default: 1 / (10 x the node's training images); "
                                              "at least 1 / N is refused].", show_default=False),
     dp_max_grad_norm: float = typer.Option(GanConfig.dp_max_grad_norm, help="DP clipping bound C: each real image's "
@@ -375,16 +373,16 @@ def audit_privacy(
                           f"{effect['ci_low']:.3f}-{effect['ci_high']:.3f}, p = {effect['p_value']:.2g}; pixel "
                           f"{effect['pixel']['verdict']}, independent network {effect['independent']['verdict']})"
                           + audit_phase2_note(s))
+        if "dp" in s:
+            dp = s["dp"]
+            bound = "holds" if dp["audit_bound"]["holds"] else "[red]does NOT hold: check the DP training[/red]"
+            console.out.print(f"node {s['node']}: (epsilon {dp['epsilon']:.3g}, delta {dp['delta']:.2g})-DP per "
+                              f"training image for the generator and buffer ({dp['accountant']}); the attack's TPR "
+                              f"<= e^epsilon x FPR + delta {bound}")
         for name, control in s.get("controls", {}).items():
             mark = "[green]holds[/green]" if control["holds"] else "[red]does not hold[/red]"
             console.out.print(f"node {s['node']} control {name}: expected {control['expected']}, "
                               f"{control['observed']}: {mark}")
-    for s in summaries:
-        if "dp" in s:
-            bound = "holds" if s["dp"]["audit_bound"]["holds"] else "[red]does NOT hold: check the DP training[/red]"
-            console.out.print(f"node {s['node']}: (epsilon {s['dp']['epsilon']:.3g}, delta {s['dp']['delta']:.2g})-DP "
-                              f"per training image for the generator and buffer ({s['dp']['accountant']}); the "
-                              f"attack's TPR <= e^epsilon x FPR + delta {bound}")
     console.out.print("empirical attack scores, not a formal privacy guarantee"
                       + (" (except the DP lines above)" if any("dp" in s for s in summaries) else ""))
     console.out.print(f"wrote {cfg.exp / 'audit'}")

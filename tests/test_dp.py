@@ -111,7 +111,8 @@ def test_the_private_trainer_samples_by_poisson_and_labels_fakes_uniformly():
     labels = torch.tensor([0] * 90 + [1] * 10)
     plan = private.plan(10.0, None, 1.0, batch=8, images=100, steps=5, node="node0")
     trainer = GanTrainer(ARCH, TrainSettings(batch=8, fid_images=8), torch.zeros(100, 1, 16, 16), labels,
-                         perceptual=Perceptual("alex"), features=_Features(), generator=torch.Generator().manual_seed(2),
+                         perceptual=Perceptual("alex"), features=_Features(),
+                         generator=torch.Generator().manual_seed(2),
                          init_seed=4, dp=plan, noise=torch.Generator().manual_seed(6))
     sizes = {len(trainer._real_batch()[0]) for _ in range(30)}
     assert len(sizes) > 2  # Poisson: the batch size varies

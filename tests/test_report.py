@@ -18,7 +18,7 @@ import pytest
 
 from fedcli.config import METRIC_COLUMNS, ReportConfig
 from fedcli.report import build, figures, study
-from fedcli.report.collect import Stat, load_experiment, replicate_groups
+from fedcli.report.collect import Stat, by_dp_setting, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.tables import gan_table
 
@@ -785,7 +785,7 @@ def test_dp_table_orders_settings_and_shows_the_guarantee_utility_and_attack_per
     assert table.frame.loc["no DP, n0", "epsilon spent"] == "-"
     assert table.frame.loc["epsilon 1, n0", "TPR within the DP bound"] == "NO"
     assert table.frame.loc["epsilon inf, n0", "TPR within the DP bound"] == "yes"
-    assert isinstance(study.dp_table([s for s in subs if study.dp_setting(s) is None], "accuracy"), study.Missing)
+    assert isinstance(study.dp_table(by_dp_setting(subs)[None], "accuracy"), study.Missing)
 
 
 def test_scalability_figure_needs_several_node_counts_and_counts_a_shared_run_once(tmp_path):

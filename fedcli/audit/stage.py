@@ -187,8 +187,9 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     start = projection_start(generators["standard"], audited, seed, node)
     projected = {name: g for name, g in generators.items() if name != "standard" or cfg.standard}
     same = same_weights(projected["control"], projected["privacy"])  # DP: no phase 2, one generator
-    frame, reconstructions = project_generators(cfg, {k: g for k, g in projected.items() if not (same and k == "control")},
-                                                audited, start, networks, seed, node)
+    if same:
+        del projected["control"]
+    frame, reconstructions = project_generators(cfg, projected, audited, start, networks, seed, node)
     if same:
         frame = pd.concat([frame, frame[frame.generator == "privacy"].assign(generator="control")], ignore_index=True)
         reconstructions["control"] = reconstructions["privacy"]

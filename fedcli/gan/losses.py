@@ -7,7 +7,16 @@ import torch.nn.functional as F
 
 
 def d_logistic(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
-    return F.softplus(fake_logits).mean() + F.softplus(-real_logits).mean()
+    return d_fake(fake_logits) + d_real(real_logits)
+
+
+def d_fake(fake_logits: torch.Tensor) -> torch.Tensor:
+    """D's loss on synthetic images: the half of the logistic loss that reads no real image."""
+    return F.softplus(fake_logits).mean()
+
+
+def d_real(real_logits: torch.Tensor) -> torch.Tensor:
+    return F.softplus(-real_logits).mean()
 
 
 def g_nonsaturating(fake_logits: torch.Tensor) -> torch.Tensor:

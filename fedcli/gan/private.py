@@ -24,11 +24,11 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from fedcli.errors import UserError
+from fedcli.gan import losses
 
 ACCOUNTANT = "rdp (opacus)"
 # Opacus's default RDP orders run to 63; a few steps at a low noise need higher ones for a tight bound
@@ -155,7 +155,7 @@ class PrivateUpdate:
             def logit(image: torch.Tensor) -> torch.Tensor:
                 return functional_call(self.D, p, (image.unsqueeze(0), label.unsqueeze(0)))[0]
 
-            value = F.softplus(-logit(x))
+            value = losses.d_real(logit(x))
             if r1_weight:
                 value = value + r1_weight * grad(logit)(x).square().sum()
             return value

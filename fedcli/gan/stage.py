@@ -60,8 +60,7 @@ def settings(cfg: GanConfig, resolution: int) -> TrainSettings:
     able to move p from 0 to 1 within a tenth of phase 1, the reference's EMA half-life."""
     names = {f.name for f in dataclasses.fields(TrainSettings)}
     values = {k: v for k, v in dataclasses.asdict(cfg).items() if k in names}
-    auto = {"r1_gamma": r1_gamma_auto(resolution, cfg.batch),
-            "ada_kimg": cfg.iterations * cfg.batch / 1000 / 10,
+    auto = {"r1_gamma": r1_gamma_auto(resolution, cfg.batch), "ada_kimg": cfg.iterations * cfg.batch / 1000 / 10,
             "ema_kimg": 10 * cfg.batch / 32}
     return TrainSettings(**(values | {k: auto[k] for k, v in values.items() if v == "auto"}))
 

@@ -198,7 +198,7 @@ class GanTrainer:
         """The DP-SGD D update; the loss logged is the synthetic half only, as no number computed from real
         images may leave the step unnoised."""
         s = self.s
-        fake_loss = torch.nn.functional.softplus(fake_logits).mean()
+        fake_loss = losses.d_fake(fake_logits)
         r1_weight = s.r1_gamma / 2 * s.r1_every if do_r1 else 0.0
         self.private.step(reals, real_labels, r1_weight, fake_loss)
         return fake_loss.detach()

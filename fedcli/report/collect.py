@@ -184,6 +184,21 @@ def replicate_groups(subs: list[SubExperiment]) -> dict[str, list[SubExperiment]
     return groups
 
 
+def by_dp_setting(subs: list[SubExperiment]) -> dict[float | None, list[SubExperiment]]:
+    """Sub-experiments by their GANs' --dp-epsilon (None: no DP; inf: the DP path without noise), targets in
+    increasing order, then inf, then no DP; a sub-experiment whose nodes differ, or without GANs, is left out."""
+    groups: dict[float | None, list[SubExperiment]] = {}
+    for sub in subs:
+        settings = {g["config"].get("dp_epsilon") for g in sub.gans}
+        if len(settings) == 1:
+            groups.setdefault(settings.pop(), []).append(sub)
+    return dict(sorted(groups.items(), key=lambda kv: (2, 0) if kv[0] is None else (int(math.isinf(kv[0])), kv[0])))
+
+
+def dp_label(epsilon: float | None) -> str:
+    return "no DP" if epsilon is None else f"epsilon {epsilon:g}"
+
+
 def final_rows(metrics: pd.DataFrame) -> pd.DataFrame:
     return metrics[metrics["round"] == metrics["round"].max()]
 

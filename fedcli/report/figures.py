@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcli.audit.figures import pyplot
-from fedcli.report.collect import Stat, SubExperiment, own_rows, own_scores
+from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, dp_label, own_rows, own_scores
 
 
 def save(fig, path: Path) -> None:
@@ -79,8 +79,6 @@ def scalability_figure(subs: list[SubExperiment], metric: str, path: Path) -> bo
 def dp_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
     """Per DP setting (targets, inf, no DP): the buffer's fidelity ratio, FedER's score and the membership
     AUROC, each the mean over nodes (and seeds) with its std."""
-    from fedcli.report.study import by_dp_setting, dp_label
-
     groups = by_dp_setting(subs)
     if len(groups) < 2 or not any(setting is not None for setting in groups):
         return False

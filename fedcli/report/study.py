@@ -8,7 +8,6 @@ that says what would produce it. Cells are `Stat`s: mean +- std over seeds or fo
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -18,7 +17,7 @@ from scipy import stats as scipy_stats
 
 from fedcli.config import architectures
 from fedcli.fl.transport import EVERYONE, KINDS
-from fedcli.report.collect import Stat, SubExperiment, cross_scores, own_rows, own_scores
+from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, cross_scores, dp_label, own_rows, own_scores
 
 BASELINES = ("feder", "standalone", "central", "central-synthetic", "central-mixed")
 FEDERATED = ("feder", "fedavg", "fedprox", "fedbn")
@@ -646,26 +645,6 @@ def alpha_table(subs: list[SubExperiment], metric: str) -> Built:
                        "ratio of the privacy generator's projection LPIPS to its alpha-0 control's; fidelity ratio = "
                        "the released buffer's (classifier trained on it / on real images); alpha 0 = a standard GAN",
                        rows_are="alpha")
-
-
-def dp_setting(sub: SubExperiment) -> float | None:
-    """The sub-experiment's --dp-epsilon (inf: the DP path without noise), None without DP or when its nodes
-    differ; NaN when it has no GAN."""
-    settings = {g["config"].get("dp_epsilon") for g in sub.gans}
-    return settings.pop() if len(settings) == 1 else math.nan
-
-
-def dp_label(epsilon: float | None) -> str:
-    return "no DP" if epsilon is None else f"epsilon {epsilon:g}"
-
-
-def by_dp_setting(subs: list[SubExperiment]) -> dict[float | None, list[SubExperiment]]:
-    """Sub-experiments by --dp-epsilon, targets in increasing order, then inf, then no DP."""
-    groups: dict[float | None, list[SubExperiment]] = defaultdict(list)
-    for s in subs:
-        if not (isinstance(setting := dp_setting(s), float) and math.isnan(setting)):
-            groups[setting].append(s)
-    return dict(sorted(groups.items(), key=lambda kv: (2, 0) if kv[0] is None else (int(math.isinf(kv[0])), kv[0])))
 
 
 def dp_table(subs: list[SubExperiment], metric: str) -> Built:

@@ -34,8 +34,9 @@ def gan_table(summaries: list[dict]) -> Table:
             cells += [f"{f['ratio']:.3f}", f"{f['phase1']['ratio']:.3f}", control, f"{f['class_fidelity']:.3f}"] \
                 if f else ["-"] * 4
         if private:
-            dp = s.get("dp") or {}
-            cells += [f"{dp['epsilon']:.3g}", f"{dp['delta']:.2g}", f"{dp['noise_multiplier']:.3g}"] if dp else ["-"] * 3
+            dp = s.get("dp")
+            cells += [f"{dp['epsilon']:.3g}", f"{dp['delta']:.2g}", f"{dp['noise_multiplier']:.3g}"] if dp else \
+                ["-"] * 3
         table.add_row(*cells)
     return table
 
