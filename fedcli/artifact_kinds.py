@@ -21,7 +21,7 @@ from typing import Any
 from fedcli.artifacts import OLD, STAGING, parse_tensors, read_json, sha256_bytes, sha256_file
 from fedcli.errors import UserError
 from fedcli.layout import (BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE,
-                           GENERATOR_RESEEDED, GENERATOR_TINY, inside)
+                           GENERATOR_RESEEDED, GENERATOR_TINY, PREDICTIONS, inside)
 
 CONFIG = "config.json"
 SUB_EXPERIMENTS = ("runs", "select")  # <exp>/runs/<point>/ and <exp>/select/<point>/ hold whole experiments
@@ -66,9 +66,12 @@ KINDS: tuple[Kind, ...] = (
          "read as tables by the report and by model selection", recorded=True),
     Kind("classifier", fold_too("federate/*/models/*.safetensors"),
          f"{RECORDED}; tensors fit the classifier; finite values (predict)", recorded=True),
+    Kind("test-set predictions", fold_too("federate/*/" + PREDICTIONS),
+         f"{RECORDED}; one softmax per test image of each own model, labels in range, finite values (report: "
+         "paired bootstrap)", recorded=True),
     Kind("checkpoint", ("federate/.*.checkpoint/*/round-*.*", "federate/cv/*/.fold*.checkpoint/*/round-*.*",
-                        "federate/.*.checkpoint/*/final/*.safetensors",
-                        "federate/cv/*/.fold*.checkpoint/*/final/*.safetensors"),
+                        "federate/.*.checkpoint/*/final/**/*.safetensors",
+                        "federate/cv/*/.fold*.checkpoint/*/final/**/*.safetensors"),
          "options and round compared on --resume (Checkpoint.load)"),
     Kind("audit results", ("audit/*/distances.csv", "audit/*/summary.json", "audit/*/*.png"),
          "summary.json read by the report", recorded=True),

@@ -96,6 +96,9 @@ def partition(
     site: Optional[str] = typer.Option(None, help="Keep one site of a multi-site source before an iid split "
                                        "(e.g. shenzhen)."),
     task: Task = typer.Option(PartitionConfig.task, help="isic2019 only: melanoma (binary, FedER) or multiclass (8)."),
+    positive_class: Optional[str] = typer.Option(None, help="A binary task's positive class, whose sensitivity "
+                                                 "and specificity federate reports \\[default: the second class: the "
+                                                 "finding of every built-in binary source].", show_default=False),
     test_fraction: float = typer.Option(PartitionConfig.test_fraction, help="Share of each node held out as a class-balanced test set."),
     folds: int = typer.Option(PartitionConfig.folds, help="Stratified cross-validation folds over each node's train part."),
     image_size: int = typer.Option(PartitionConfig.image_size, help="Image side in pixels for every later stage: a power "
@@ -226,8 +229,8 @@ def federate(
     ctx: typer.Context,
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
     strategy: list[str] = typer.Option(list(FederateConfig.strategy), help="Repeatable: feder, feder-a, feder-b, "
-                                       "cyclic, fedavg, fedprox, fedbn, standalone, central, central-synthetic, "
-                                       "central-mixed."),
+                                       "cyclic, fedavg, fedprox, fedbn, fedadam, fedyogi, fedadagrad, scaffold, "
+                                       "standalone, central, central-synthetic, central-mixed."),
     rounds: int = typer.Option(FederateConfig.rounds, help="Federated rounds R."),
     epochs: int = typer.Option(FederateConfig.epochs, help="Local epochs E per round."),
     init_epochs: Optional[int] = typer.Option(None, help="Epochs before round 1 (round 0): each node trains its "
@@ -243,7 +246,14 @@ def federate(
                                          "shenzhen=32, montgomery=8)."),
     lam: float = typer.Option(FederateConfig.lam, help="lambda: loss = lambda CE(real) + (1 - lambda) CE(buffer)."),
     mu: float = typer.Option(FederateConfig.mu, help="FedProx proximal weight."),
-    weighting: Weighting = typer.Option(FederateConfig.weighting, help="FedAvg, FedProx, FedBN: weight each node's "
+    server_lr: float = typer.Option(FederateConfig.server_lr, help="FedAdam, FedYogi, FedAdagrad: the server "
+                                    "learning rate (Reddi et al.'s eta)."),
+    beta1: float = typer.Option(FederateConfig.beta1, help="FedAdam, FedYogi, FedAdagrad: the server's first-moment "
+                                "decay."),
+    beta2: float = typer.Option(FederateConfig.beta2, help="FedAdam, FedYogi: the server's second-moment decay."),
+    tau: float = typer.Option(FederateConfig.tau, help="FedAdam, FedYogi, FedAdagrad: the adaptivity tau, added to "
+                              "the root of the second moment."),
+    weighting: Weighting = typer.Option(FederateConfig.weighting, help="Averaging strategies: weight each node's "
                                         "model by its train-set size (samples) or equally (equal, as FedBN's code "
                                         "and the study)."),
     buffer_size: Optional[int] = typer.Option(None, help="Use the first k buffer images of each node; 0 = "
@@ -282,7 +292,8 @@ def federate(
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(FederateConfig.overwrite, help="Replace existing strategy folders."),
 ) -> None:
-    """Run FedER and the baselines (FedAvg, FedProx, FedBN, standalone, centralized) on the partition.
+    """Run FedER and the baselines (FedAvg, FedProx, FedBN, FedAdam, FedYogi, FedAdagrad, Scaffold, standalone,
+    centralized) on the partition.
 
     Writes <exp>/federate/<strategy>/: metrics.csv, bn_statistics.csv, comm.csv, models/, config.json.
     """

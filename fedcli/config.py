@@ -99,6 +99,7 @@ class PartitionConfig:
     alpha: float = ranged(0.5, 0, 1000, low_open=True)
     site: str | None = None
     task: Task = "melanoma"
+    positive_class: str | None = None  # a binary task's finding; default: the source's second class
     test_fraction: float = ranged(0.2, 0, 1, low_open=True, high_open=True)
     folds: int = ranged(5, 2, MAX_FOLDS)
     image_size: int = ranged(32, 16, MAX_IMAGE_SIZE, why="a power of two; each stage holds a node's images in "
@@ -377,6 +378,10 @@ class FederateConfig:
     node_batch: tuple[str, ...] = ()  # NODE=B overrides, e.g. montgomery=8 (the study's per-node sizes)
     lam: float = ranged(0.5, 0, 1, why="lambda, the weight of the real-data loss")
     mu: float = ranged(0.01, 0, 1000)
+    server_lr: float = ranged(1e-2, 0, 10, low_open=True)  # fedadam, fedyogi, fedadagrad (fl/server_optimizers.py)
+    beta1: float = ranged(0.9, 0, 1)
+    beta2: float = ranged(0.99, 0, 1)
+    tau: float = ranged(1e-3, 0, 10, low_open=True, why="it keeps the server step finite where the second moment is 0")
     weighting: Weighting = "samples"
     buffer_size: int | None = ranged(None, 0, MAX_COUNT)  # default: the whole buffer
     buffer_codec: BufferCodec = "png"
@@ -434,6 +439,12 @@ class FederateConfig:
             raise UserError(f"{pooled[0]} pools every node's data in one place, so it has no distributed form; run it "
                             "with --engine inprocess")
 
+    def server(self):
+        """The adaptive strategies' server optimiser settings."""
+        from fedcli.fl.server_optimizers import ServerSettings
+
+        return ServerSettings(lr=self.server_lr, beta1=self.beta1, beta2=self.beta2, tau=self.tau)
+
     def batch_sizes(self) -> dict[str, int]:
         """--node-batch NODE=B pairs as a dict."""
         sizes = {}
@@ -473,8 +484,15 @@ class AuditConfig:
         check_weights_file(self, "lpips_weights")
 
 
-Metric = Literal["accuracy", "balanced-accuracy", "f1", "auroc"]
-METRIC_COLUMNS = {"accuracy": "accuracy", "balanced-accuracy": "balanced_accuracy", "f1": "f1_macro", "auroc": "auroc"}
+Metric = Literal["accuracy", "balanced-accuracy", "f1", "auroc", "sensitivity", "specificity", "ece"]
+METRIC_COLUMNS = {"accuracy": "accuracy", "balanced-accuracy": "balanced_accuracy", "f1": "f1_macro", "auroc": "auroc",
+                  "sensitivity": "sensitivity", "specificity": "specificity", "ece": "ece"}
+LOWER_IS_BETTER = {"ece"}  # metrics.csv columns where the best value is the lowest
+
+ADAPTIVE = ("fedadam", "fedyogi", "fedadagrad")  # strategies with a server optimiser (fl/server_optimizers.py)
+SELECT_KEYS = ("rounds", "epochs", "lr", "mu", "server_lr")  # what a recipe's [select] grid may vary
+SELECT_ONLY_FOR = {"mu": {"fedprox"}, "server_lr": set(ADAPTIVE)}  # a grid key that changes nothing for other
+SERVER_ONLY = {"beta1": set(ADAPTIVE), "beta2": {"fedadam", "fedyogi"}, "tau": set(ADAPTIVE)}  # strategies collapses
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ GENERATOR_RESEEDED = "generator_reseeded.safetensors"  # the control from anothe
 GENERATOR_TINY = "generator_tiny.safetensors"  # trained long on a tiny subset of the node (--controls)
 GENERATOR_REFERENCE = "generator_reference.safetensors"  # phase 1 without the audit's members (--reference)
 BUFFER = "buffer.safetensors"
+PREDICTIONS = "predictions.safetensors"  # federate: the final models' softmax on their own test sets
 
 
 def inside(exp: Path, *parts: str) -> Path:

@@ -222,13 +222,13 @@ def test_metrics_on_a_test_set_lacking_a_class_warn_nothing_on_stderr():
 
     import numpy as np
 
-    from fedcli.fl.evaluate import evaluate
+    from fedcli.fl.evaluate import evaluate, resample_counts
 
     y = np.array([0, 0, 0, 1])
     probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.4, 0.6]])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        scores = evaluate(y, probs, np.random.default_rng(0), boots=200)
+        scores = evaluate(y, probs, resample_counts(0, "node0", 4, 200))
     stderr = "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
     record_case(10, "metrics of a 4-image test set (resamples lacking a class)", [],
                 SimpleNamespace(exit_code=0, output="", stderr=stderr), True)

@@ -24,7 +24,8 @@ from fedcli.report.tables import gan_table
 
 NODES = ("n0", "n1")
 # Each metric is a fixed multiple of the accuracy given, so a table in another metric is predictable.
-SCALE = {"accuracy": 1.0, "balanced_accuracy": 0.5, "f1_macro": 0.25, "auroc": 0.1}
+SCALE = {"accuracy": 1.0, "balanced_accuracy": 0.5, "f1_macro": 0.25, "auroc": 0.1, "sensitivity": 0.9,
+         "specificity": 0.8, "ece": 0.05}
 COLUMNS = ["round", "strategy", "model_node", "test_node", "n_test"] + [
     f"{m}{suffix}" for m in SCALE for suffix in ("", "_lo", "_hi")]
 # Rounds before the last get these values in turn, far from every final one: using them shows.
@@ -822,3 +823,43 @@ def test_the_report_never_imports_the_pipeline_that_runs_it():
                              "print(sorted(m for m in sys.modules if m.startswith('fedcli.pipeline')))"],
                             capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+def test_the_paired_table_differences_strategies_on_the_same_resamples_of_each_test_set(tmp_path):
+    """Two strategies' saved softmax on the same test sets: the table's point is the difference of their
+    scores, and its interval the percentiles of that difference over the shared resamples (by hand)."""
+    import numpy as np
+    import torch
+
+    from fedcli.artifacts import save_tensors
+    from fedcli.fl.evaluate import metric_values, resample_counts
+
+    exp = tmp_path / "exp"
+    write_manifest(exp)
+    labels = {"n0": np.array([0, 1, 1, 0, 1, 0]), "n1": np.array([1, 1, 0, 1])}
+    rng = np.random.default_rng(0)
+    probs = {name: {node: rng.dirichlet(np.ones(2), len(y)) for node, y in labels.items()}
+             for name in ("feder", "scaffold")}
+    models = {"feder": {"n0": "n0", "n1": "n1"}, "scaffold": {"n0": "global", "n1": "global"}}
+    for name in probs:
+        folder = exp / "federate" / name
+        write_run(folder, name, {(node if name == "feder" else "global", node): 0.5 for node in NODES})
+        config = json.loads((folder / "config.json").read_text())
+        config["config"]["bootstrap"] = 200
+        write_json(folder / "config.json", config)
+        save_tensors(folder / "predictions.safetensors",
+                     {f"{models[name][node]}/{node}": torch.from_numpy(p) for node, p in probs[name].items()} |
+                     {f"labels/{node}": torch.from_numpy(y) for node, y in labels.items()})
+    frame = study.table4_paired(load_experiment(exp), "specificity").frame
+
+    def values(name, node):
+        counts = np.vstack([np.ones((1, len(labels[node]))), resample_counts(0, node, len(labels[node]), 200)])
+        return metric_values(labels[node], probs[name][node], counts, positive=1)["specificity"]
+
+    diff = {node: values("scaffold", node) - values("feder", node) for node in NODES}
+    diff["mean"] = (values("scaffold", "n0") + values("scaffold", "n1")) / 2 - \
+        (values("feder", "n0") + values("feder", "n1")) / 2
+    for column, d in diff.items():
+        lo, hi = np.percentile(d[1:][np.isfinite(d[1:])], [2.5, 97.5])
+        assert frame.loc["scaffold", column] == f"{d[0]:+.3f} [{lo:+.3f}, {hi:+.3f}]", column
+    assert list(frame.index) == ["scaffold"] and frame.loc["scaffold", "seeds"] == 1

@@ -23,7 +23,7 @@ from fedcli.errors import UserError
 from fedcli.names import check_name, check_names
 
 SCHEMA = "fedcli.manifest/1"
-UNHASHED = ("content_hash", "data_root", "statistics", "dropped")
+UNHASHED = ("content_hash", "data_root", "statistics", "dropped", "positive_class")  # none decides a pixel or label
 REQUIRED = ("source", "scheme", "seed", "image_size", "channels", "label_names", "nodes", "content_hash")
 
 
@@ -98,6 +98,13 @@ class Manifest:
     @property
     def num_classes(self) -> int:
         return len(self.data["label_names"])
+
+    @property
+    def positive_class(self) -> int:
+        """A binary task's positive class (its sensitivity's): the one the partition names, else the second
+        (a manifest written before partitions named it; every built-in binary source lists it second)."""
+        names = self.data["label_names"]
+        return names.index(self.data["positive_class"]) if self.data.get("positive_class") in names else 1
 
     @property
     def root(self) -> Path | None:

@@ -98,11 +98,28 @@ def make_manifest(cfg: PartitionConfig) -> tuple[Manifest, PartitionConfig]:
         "alpha": cfg.alpha if scheme == "dirichlet" else None,
         "dropped": source.dropped,
         "nodes": nodes,
+        "positive_class": positive_class(cfg, source.label_names),
     }
     data["content_hash"] = content_hash(data)
     manifest = Manifest(data)
     data["statistics"] = skew_statistics(manifest)
     return manifest, cfg
+
+
+def positive_class(cfg: PartitionConfig, names: list[str]) -> str | None:
+    """A binary task's positive class (sensitivity's): --positive-class, else the second class, which every
+    built-in binary source makes the finding (tuberculosis, melanoma, pneumonia)."""
+    if len(names) != 2:
+        if cfg.positive_class is not None:
+            raise UserError(f"--positive-class applies to a task of two classes; this one has {len(names)} "
+                            "(sensitivity and specificity are reported per class): drop it")
+        return None
+    if cfg.positive_class is None:
+        return names[1]
+    if cfg.positive_class not in names:
+        raise UserError(f"--positive-class {cfg.positive_class} is not a class of the data; classes: "
+                        f"{', '.join(names)}")
+    return cfg.positive_class
 
 
 def check_source_names(source: SourceData, cfg: PartitionConfig) -> None:

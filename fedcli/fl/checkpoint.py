@@ -27,6 +27,7 @@ from fedcli.fl.transport import Transfer
 
 CENTRAL = "central"  # the part holding a pooled model that belongs to no node
 KEEP = 2
+PER_NODE = ("bn", "control")  # `bn:<node>`, `control:<node>`: state only that node holds (fl/strategies.py)
 
 
 class CheckpointMismatch(UserError):
@@ -45,8 +46,9 @@ class Checkpoint:
         return sorted(p for p in self.folder.iterdir() if p.is_dir()) if self.folder.is_dir() else []
 
     def _owners(self, key: str) -> list[str]:
-        if key.startswith("bn:"):
-            return [key[3:]]
+        prefix, sep, node = key.partition(":")
+        if sep and prefix in PER_NODE:
+            return [node]
         if key in self.nodes:
             return [key]
         if key == CENTRAL:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import nn
 
 from fedcli.data.dataset import NodeDataset
@@ -21,14 +22,14 @@ from fedcli.config import architectures
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.batchnorm_check import has_batchnorm, reestimated, refresh_batches
-from fedcli.fl.evaluate import evaluate, predict
+from fedcli.fl.evaluate import evaluate, predict, resample_counts
 from fedcli.fl.local import LocalSettings, TensorSource, train_local
 from fedcli.fl.payloads import decode_buffer, decode_model, encode_buffer, encode_model
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.strategies import SHARED_MODELS, Strategy
 from fedcli.fl.transport import EVERYONE, KINDS, InProcessTransport, Transfer, Transport
 from fedcli.models.classifier import build_classifier
-from fedcli.rng import numpy_stream, stream_seed, torch_stream
+from fedcli.rng import stream_seed, torch_stream
 
 TrainedOn = Callable[[str], tuple[TensorSource, "TensorSource | None"]]  # node -> its last round's sources
 
@@ -111,13 +112,17 @@ class Federation:
                                  stream_seed(self.seed, "model-init", key), self.pretrained, self.model_weights)
         return model.to(self.device)
 
+    def local_settings(self, key: str, round_: int, epochs: int, mu: float = 0.0) -> LocalSettings:
+        return LocalSettings(epochs=epochs, lr=self.lr, batch=self.node_batch.get(key, self.batch), lam=self.lam,
+                             mu=mu, augment=self.augment, schedule=self.lr_schedule,
+                             span=self.budget_span(round_, epochs))
+
     def train_local(self, model: nn.Module, key: str, round_: int, primary: TensorSource,
-                    replay: TensorSource | None, epochs: int, anchor: dict | None = None, mu: float = 0.0) -> int:
-        settings = LocalSettings(epochs=epochs, lr=self.lr, batch=self.node_batch.get(key, self.batch), lam=self.lam,
-                                 mu=mu, augment=self.augment, schedule=self.lr_schedule,
-                                 span=self.budget_span(round_, epochs))
-        return train_local(model, primary, replay, settings, torch_stream(self.seed, key, round_, "local-train"),
-                           self.device, anchor)
+                    replay: TensorSource | None, epochs: int, anchor: dict | None = None, mu: float = 0.0,
+                    correction: dict | None = None) -> int:
+        return train_local(model, primary, replay, self.local_settings(key, round_, epochs, mu),
+                           torch_stream(self.seed, key, round_, "local-train"), self.device, anchor,
+                           correction=correction)
 
     def budget_span(self, round_: int, epochs: int) -> tuple[float, float]:
         """The fractions of the run's epochs (round 0's init-epochs, then R x E) done before and after
@@ -182,9 +187,10 @@ class Federation:
         for key, per_node in probs.items():
             for node, p in per_node.items():
                 y = self.test[node].labels.numpy()
-                rng = numpy_stream(self.seed, "bootstrap", strategy, round_, key, node)
+                counts = resample_counts(self.seed, node, len(y), self.bootstrap)
                 rows.append({"round": round_, "strategy": strategy, "model_node": key, "test_node": node,
-                             "n_test": len(y), **evaluate(y, p, rng, self.bootstrap)})
+                             "n_test": len(y), **evaluate(y, p, counts, self.manifest.positive_class,
+                                                          self.manifest["label_names"])})
         if trained_on is not None:
             real = self.probabilities(models, lambda node: (self.train[node], None), (), round_)
             same = not self.augment and all(trained_on(node)[0] is self.train[node] and trained_on(node)[1] is None
@@ -197,6 +203,15 @@ class Federation:
                 for column, p in variants.items():
                     row[column] = float((p[row["model_node"]][row["test_node"]].argmax(axis=1) == y).mean())
         return rows
+
+    def own_predictions(self, models: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+        """Each local node's own (or the shared) model's softmax on that node's test set, `<model key>/<test
+        node>`, with the labels, `labels/<test node>`: what the report pairs strategies on (report/paired.py)."""
+        probs = self.probabilities({key: m for key, m in models.items() if key in self.local_nodes or
+                                    key in SHARED_MODELS})
+        out = {f"{key}/{node}": torch.from_numpy(p) for key, per_node in probs.items() for node, p in per_node.items()
+               if key in (node, *SHARED_MODELS)}
+        return out | {f"labels/{node}": self.test[node].labels.clone() for node in self.local_nodes}
 
     def probabilities(self, models: dict[str, nn.Module], refresh: TrainedOn | None = None,
                       augment: tuple[str, ...] = (), round_: int = 0) -> dict[str, dict[str, np.ndarray]]:

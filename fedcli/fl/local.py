@@ -67,6 +67,10 @@ class LocalSettings:
         start, end = self.span
         return self.lr * 0.5 * (1 + math.cos(math.pi * (start + (end - start) * step / steps)))
 
+    def lr_sum(self, steps: int) -> float:
+        """The sum of the learning rates of a call's `steps` optimiser steps (Scaffold's option II)."""
+        return sum(self.lr_at(step, steps) for step in range(steps))
+
 
 def batch_bounds(n: int, batch: int) -> list[tuple[int, int]]:
     """(start, end) of each mini-batch of an epoch: ceil(n / batch) of them, except that a last batch of
@@ -91,20 +95,23 @@ def proximal_term(model: nn.Module, anchor: dict[str, torch.Tensor], mu: float) 
 
 def train_local(model: nn.Module, primary: TensorSource, replay: TensorSource | None, settings: LocalSettings,
                 generator: torch.Generator, device: str = "cpu", anchor: dict[str, torch.Tensor] | None = None,
-                on_batch=None, epoch_size: int | None = None) -> int:
+                on_batch=None, epoch_size: int | None = None, correction: dict[str, torch.Tensor] | None = None) -> int:
     """Train in place; return the number of optimiser steps. `on_batch(images, labels, n_primary)` sees
     every batch (used by tests and the benchmark). `epoch_size`: primary images per epoch (default all
     of them), drawn without replacement across epochs, so two sources of different sizes can be given
-    the same number of steps."""
+    the same number of steps. `correction` (Scaffold's c - c_i, per parameter): after each optimiser step
+    every parameter also moves by -lr times its correction."""
     model.train()
     model.to(memory_format=torch.channels_last)  # oneDNN's fast layout: ~20% less per CPU step (bench)
     try:
-        return _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size)
+        return _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size,
+                             correction)
     finally:
         model.to(memory_format=torch.contiguous_format)  # what every reader of the weights expects
 
 
-def _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size) -> int:
+def _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size,
+                  correction) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     anchor = {k: v.to(device) for k, v in anchor.items()} if anchor is not None and settings.mu > 0 else None
     steps, total = 0, settings.epochs * len(batch_bounds(len(primary) if epoch_size is None else epoch_size,
@@ -121,6 +128,10 @@ def _train_epochs(model, primary, replay, settings, generator, device, anchor, o
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if correction is not None:
+            with torch.no_grad():
+                for name, parameter in model.named_parameters():
+                    parameter.sub_(correction[name].to(device), alpha=optimizer.param_groups[0]["lr"])
         steps += 1
     return steps
 

@@ -2,7 +2,7 @@
 
 Per strategy, `<exp>/federate/<strategy>/`: metrics.csv (one row per round, model and test set),
 bn_statistics.csv (the final round's BatchNorm diagnostic), comm.csv (every transfer with its
-measured bytes), models/<key>.safetensors, config.json.
+measured bytes), models/<key>.safetensors, predictions.safetensors, config.json.
 With --fold k / --cv, training uses the other train folds and evaluates on fold k, under
 `<exp>/federate/cv/<strategy>/fold<k>/`; the test sets are never touched. A hidden folder next
 to the output holds the checkpoints of the last completed rounds until the run finishes.
@@ -35,7 +35,7 @@ from fedcli.fl.strategies import NEEDS_BUFFERS, make_strategy
 from fedcli.fl.transport import Transfer
 from fedcli.gan.buffer import load_buffer_file
 from fedcli.gan.stage import read_gan_config
-from fedcli.layout import BUFFER, federate_dir, gan_dir
+from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir
 from fedcli.locking import locked
 
 
@@ -172,7 +172,7 @@ def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fol
     out = federate_dir(cfg.exp, name, fold)
     fed = federation(cfg, manifest, device, fold, buffers, images)
     resolved = strategy_config(cfg, manifest, name, fold, buffer_info)
-    strategy = make_strategy(name, cfg.mu, resolved["buffer_size"] or 0)
+    strategy = make_strategy(name, cfg.mu, resolved["buffer_size"] or 0, cfg.server())
     work = checkpoint_dir(out)
     with RoundProgress(run_label(name, fold), cfg.rounds) as progress:
         def on_round(round_: int) -> None:
@@ -182,7 +182,8 @@ def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fol
         rows, transfers = run_rounds(fed, strategy, cfg.rounds, cfg.eval_every, Checkpoint(work, fed.nodes),
                                      computed(resolved), cfg.resume, on_round)
     states = {key: model.state_dict() for key, model in strategy.models().items()}
-    write_output(out, rows, transfers, states, resolved, cfg.overwrite or cfg.resume)
+    write_output(out, rows, transfers, states, fed.own_predictions(strategy.models()), resolved,
+                 cfg.overwrite or cfg.resume)
     shutil.rmtree(work, ignore_errors=True)
     return StrategyRun(name, fold, out, rows, fed.nodes)
 
@@ -192,8 +193,9 @@ def run_label(name: str, fold: int | None) -> str:
 
 
 def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],
-                 resolved: dict, overwrite: bool) -> None:
-    """metrics.csv, comm.csv, models/<key>.safetensors and config.json, replacing `out` at once."""
+                 predictions: dict[str, torch.Tensor], resolved: dict, overwrite: bool) -> None:
+    """metrics.csv, comm.csv, models/<key>.safetensors, predictions.safetensors (the final models' softmax on
+    their own test sets, with the labels) and config.json, replacing `out` at once."""
     metrics = pd.DataFrame(rows)
     with staged_output(out, overwrite=overwrite) as stage:
         write_csv(stage / "metrics.csv", metrics.drop(columns=list(DIAGNOSTIC), errors="ignore"))
@@ -202,6 +204,7 @@ def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states:
                                                    columns=["round", "sender", "receiver", "kind", "bytes"]))
         for key, state in states.items():
             save_tensors(stage / "models" / f"{key}.safetensors", {k: v.detach().cpu() for k, v in state.items()})
+        save_tensors(stage / PREDICTIONS, predictions)
         meta = provenance("federate", resolved, resolved["seed"], resolved["inputs"]) | {"files": record_files(stage)}
         if resolved["fold"] is not None:
             meta["note"] = cv_note(resolved["fold"])

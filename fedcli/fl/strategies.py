@@ -8,7 +8,8 @@ safetensors bytes and is rebuilt and validated by the receiver, so no tensor sto
   data replaying the received buffer), `feder-a` (only buffers travel), `feder-b` (models travel,
   training on synthetic data only: own buffer plus received buffer), `cyclic` (fixed ring, no
   buffers). Before round 1 every node trains its own model for `init_epochs`.
-- Averaging: `fedavg`, `fedprox` (proximal term mu), `fedbn` (BatchNorm stays local). Round 0 trains
+- Averaging: `fedavg`, `fedprox` (proximal term mu), `fedbn` (BatchNorm stays local), `fedadam`,
+  `fedyogi`, `fedadagrad` (a server optimiser on the average), `scaffold` (control variates). Round 0 trains
   the common initial model for `init_epochs` on every node and averages it; the transport averages,
   weighted by train size or equally (`--weighting`) and summed exactly (a simulated server in
   process, an all-reduce between processes: no server).
@@ -32,13 +33,14 @@ from torch import nn
 from fedcli.fl import topology
 from fedcli.fl.local import TensorSource
 from fedcli.fl.payloads import decode_model, encode_model
+from fedcli.fl.server_optimizers import ServerOptimizer, ServerSettings
 from fedcli.models.classifier import batchnorm_keys
 
 if TYPE_CHECKING:
     from fedcli.fl.engine import Federation
 
-STRATEGIES = ("feder", "feder-a", "feder-b", "cyclic", "fedavg", "fedprox", "fedbn", "standalone", "central",
-              "central-synthetic", "central-mixed")
+STRATEGIES = ("feder", "feder-a", "feder-b", "cyclic", "fedavg", "fedprox", "fedbn", "fedadam", "fedyogi",
+              "fedadagrad", "scaffold", "standalone", "central", "central-synthetic", "central-mixed")
 NEEDS_BUFFERS = {"feder", "feder-a", "feder-b", "central-synthetic", "central-mixed"}
 SHARED_MODELS = ("global", "central")  # model keys of strategies whose every node uses one model
 POOLED = ("central", "central-synthetic", "central-mixed")  # need every node's data in one place
@@ -142,6 +144,7 @@ class ServerAveraging(Strategy):
         self.bn_keys = batchnorm_keys(self.global_model) if self.local_bn else set()
         bn_state = {k: v.clone() for k, v in self.global_model.state_dict().items() if k in self.bn_keys}
         self.local_state = {node: copy.deepcopy(bn_state) for node in fed.local_nodes} if self.local_bn else {}
+        self.init_server(fed)
         if train and fed.init_epochs:
             self.train_and_average(fed, 0, fed.init_epochs)
 
@@ -164,13 +167,24 @@ class ServerAveraging(Strategy):
         states = {}
         for node in fed.local_nodes:
             model = self.node_model(fed, node, global_shared)
-            fed.train_local(model, node, round_, fed.train[node], None, epochs=epochs, anchor=anchor, mu=self.mu)
+            self.train_node(fed, node, round_, model, epochs, anchor)
             state = model.state_dict()
             if self.local_bn:
                 self.local_state[node] = {k: v.detach().clone() for k, v in state.items() if k in self.bn_keys}
             states[node] = self.shared(state)
         averaged = fed.transport.average(round_, states, fed.averaging_weights())
-        self.global_model.load_state_dict({**self.global_model.state_dict(), **averaged})
+        self.global_model.load_state_dict({**self.global_model.state_dict(), **self.merge(fed, round_, averaged)})
+
+    def init_server(self, fed: "Federation") -> None:
+        """State kept beside the global model (server optimiser moments, control variates)."""
+
+    def train_node(self, fed: "Federation", node: str, round_: int, model: nn.Module, epochs: int,
+                   anchor: dict[str, torch.Tensor]) -> None:
+        fed.train_local(model, node, round_, fed.train[node], None, epochs=epochs, anchor=anchor, mu=self.mu)
+
+    def merge(self, fed: "Federation", round_: int, averaged: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The new global state from the nodes' average: FedAvg takes the average itself."""
+        return averaged
 
     def models(self) -> dict[str, nn.Module]:
         if not self.local_bn:
@@ -193,6 +207,69 @@ class ServerAveraging(Strategy):
         self.global_model.load_state_dict(states["global"])
         for node in self.local_state:
             self.local_state[node] = states[f"bn:{node}"]
+
+
+class AdaptiveAveraging(ServerAveraging):
+    """FedAdagrad, FedAdam, FedYogi: the average is a pseudo-gradient for a server optimiser
+    (fl/server_optimizers.py) that every node runs alike."""
+
+    def __init__(self, name: str, settings: ServerSettings):
+        super().__init__(name)
+        self.settings = settings
+
+    def init_server(self, fed: "Federation") -> None:
+        self.optimizer = ServerOptimizer(self.name, self.settings)
+
+    def merge(self, fed: "Federation", round_: int, averaged: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        current = {k: v.detach() for k, v in self.global_model.named_parameters()}
+        return {**averaged, **self.optimizer.step(current, averaged)}
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        return super().state() | self.optimizer.state()
+
+    def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
+        super().load_state(fed, states)
+        self.optimizer.load_state(states)
+
+
+class Scaffold(ServerAveraging):
+    """SCAFFOLD (Karimireddy et al., 2020) with every node in every round and global step 1 (as in the
+    paper's experiments and FLamby). After each local optimiser step the weights also move by
+    -lr (c - c_i), the paper's correction of the gradient, applied in weight space so that it holds
+    for the Adam every strategy trains with (with SGD the two are the same step). Option II then
+    gives c_i+ = c_i - c + (x - y_i) / (sum of the local step sizes), which is K lr for K steps at a
+    constant rate; c is the weighted average of the c_i+ (the same weights as the models), one more
+    all-reduce: Scaffold moves twice the model each round."""
+
+    def init_server(self, fed: "Federation") -> None:
+        zeros = {k: torch.zeros_like(v.detach()) for k, v in self.global_model.named_parameters()}
+        self.control = zeros
+        self.node_control = {node: {k: v.clone() for k, v in zeros.items()} for node in fed.local_nodes}
+        self.updated: dict[str, dict[str, torch.Tensor]] = {}
+
+    def train_node(self, fed: "Federation", node: str, round_: int, model: nn.Module, epochs: int,
+                   anchor: dict[str, torch.Tensor]) -> None:
+        own = self.node_control[node]
+        correction = {k: self.control[k] - own[k] for k in own}
+        steps = fed.train_local(model, node, round_, fed.train[node], None, epochs=epochs, correction=correction)
+        step_sizes = fed.local_settings(node, round_, epochs).lr_sum(steps)
+        trained = dict(model.named_parameters())
+        self.updated[node] = {k: own[k] - self.control[k] + (anchor[k] - trained[k].detach()) / step_sizes
+                              for k in own}
+
+    def merge(self, fed: "Federation", round_: int, averaged: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.control = fed.transport.average(round_, self.updated, fed.averaging_weights())
+        self.node_control, self.updated = self.updated, {}
+        return averaged
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        return super().state() | {"control": self.control} | \
+            {f"control:{node}": control for node, control in self.node_control.items()}
+
+    def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
+        super().load_state(fed, states)
+        self.control = states["control"]
+        self.node_control = {node: states[f"control:{node}"] for node in self.node_control}
 
 
 @dataclasses.dataclass
@@ -231,7 +308,7 @@ class Pooled(Strategy):
         return dict(self.trained)
 
 
-def make_strategy(name: str, mu: float, buffer_size: int) -> Strategy:
+def make_strategy(name: str, mu: float, buffer_size: int, server: ServerSettings = ServerSettings()) -> Strategy:
     replay = buffer_size > 0
     return {
         "feder": lambda: ModelPassing(name, models_travel=True, replay=replay, synthetic_only=False, ring="random"),
@@ -242,6 +319,10 @@ def make_strategy(name: str, mu: float, buffer_size: int) -> Strategy:
         "fedavg": lambda: ServerAveraging(name),
         "fedprox": lambda: ServerAveraging(name, mu=mu),
         "fedbn": lambda: ServerAveraging(name, local_bn=True),
+        "fedadam": lambda: AdaptiveAveraging(name, server),
+        "fedyogi": lambda: AdaptiveAveraging(name, server),
+        "fedadagrad": lambda: AdaptiveAveraging(name, server),
+        "scaffold": lambda: Scaffold(name),
         "standalone": lambda: Pooled(name, real=True, synthetic=False, per_node=True),
         "central": lambda: Pooled(name, real=True, synthetic=False, per_node=False),
         "central-synthetic": lambda: Pooled(name, real=False, synthetic=True, per_node=False),

@@ -4,7 +4,7 @@
 `[sweep]` holds lists of values for stage options (`"federate.buffer-size" = [0, 512]`, or the
 nested form `federate.buffer-size = [...]`) and `seeds`, which sets every stage's seed through
 the partition's; the product of the lists is the set of sub-experiments. `[select]` holds a grid
-of federate options (rounds, epochs, lr, mu) and `folds` K for per-strategy model selection.
+of federate options (rounds, epochs, lr, mu, server_lr) and `folds` K for per-strategy model selection.
 `fedcli run --threads N` sets every stage's `threads`, which, like the options `fedcli run` sets
 itself, is no part of a unit's fingerprint: it changes how fast a unit runs, not what it makes.
 """
@@ -18,8 +18,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedcli.config import (RECIPE_TABLES, AuditConfig, FederateConfig, GanConfig, Metric, PartitionConfig,
-                           ReportConfig, coerce, read_recipe, stage_values)
+from fedcli.config import (RECIPE_TABLES, SELECT_KEYS, SELECT_ONLY_FOR, AuditConfig, FederateConfig, GanConfig, Metric,
+                           PartitionConfig, ReportConfig, coerce, read_recipe, stage_values)
 from fedcli.errors import UserError
 from fedcli.subexperiments import key_values
 
@@ -30,8 +30,6 @@ NOT_FINGERPRINTED = RUN_OWNED | {"threads"}
 NOT_IN_RUN = {"node": "fedcli run trains and audits every node", "sample_only": "use fedcli train-gan --sample-only",
               "strict": "use fedcli audit-privacy --strict", "fold": "use a [select] table for cross-validation",
               "cv": "use a [select] table for cross-validation"}
-SELECT_KEYS = ("rounds", "epochs", "lr", "mu")
-SELECT_ONLY_FOR = {"mu": {"fedprox"}}  # a grid key that changes nothing for other strategies collapses
 
 
 @dataclasses.dataclass(frozen=True)

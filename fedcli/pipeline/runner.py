@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fedcli import console
-from fedcli.config import METRIC_COLUMNS, FederateConfig, to_json
+from fedcli.config import LOWER_IS_BETTER, METRIC_COLUMNS, SELECT_ONLY_FOR, SERVER_ONLY, FederateConfig, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.fl.strategies import NEEDS_BUFFERS
 from fedcli.locking import locked
@@ -109,11 +109,12 @@ class Runner:
                     federate_run(dataclasses.replace(cfg, fold=fold))
             self.unit(folder, label, f"select {strategy} {name}", fp, f"select/{name}/federate/cv/{strategy}", validate)
             score = validation_score(folder / "select" / name / "federate" / "cv" / strategy, folds, metric)
+            score = -score if metric in LOWER_IS_BETTER else score  # the best is the highest, here
             if best is None or score > best[0] or (np.isnan(best[0]) and not np.isnan(score)):
                 best = (score, values)
         console.out.print(f"{label + ': ' if label else ''}select {strategy}: "
                           f"{', '.join(f'{k}={v}' for k, v in best[1].items()) or 'defaults'} "
-                          f"(mean validation {self.recipe.select['metric']} {best[0]:.3f} over {folds} folds)")
+                          f"(mean validation {self.recipe.select['metric']} {abs(best[0]):.3f} over {folds} folds)")
         return best[1], fps
 
     def prune_points(self, names: list[str]) -> None:
@@ -182,14 +183,16 @@ def plain(cfg) -> dict[str, Any]:
 
 
 def federate_key(cfg: FederateConfig) -> dict[str, Any]:
-    """The options that can change one strategy's result (mu only FedProx's, buffer options only replay's)."""
+    """The options that can change one strategy's result (mu only FedProx's, the server optimiser's only the
+    adaptive strategies', buffer options only replay's)."""
     (strategy,) = cfg.strategy
     key = plain(cfg)
     if strategy not in NEEDS_BUFFERS:
         for name in BUFFER_KEYS:
             key.pop(name)
-    if strategy != "fedprox":
-        key.pop("mu")
+    for name, users in {**SELECT_ONLY_FOR, **SERVER_ONLY}.items():
+        if strategy not in users:
+            key.pop(name)
     return key
 
 

@@ -21,8 +21,8 @@ from fedcli.report.collect import SubExperiment, load_experiment, replicate_grou
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.study import Missing, ReportTable
 
-GROUP_TABLES = (study.headline, study.table1, study.table2, study.table3, study.table4, study.table5, study.table7,
-                study.table8, study.paired_table, study.batchnorm_table)
+GROUP_TABLES = (study.headline, study.table1, study.table2, study.table3, study.table4, study.table4_paired,
+                study.table5, study.table7, study.table8, study.paired_table, study.batchnorm_table)
 
 
 @dataclasses.dataclass

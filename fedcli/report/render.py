@@ -16,7 +16,8 @@ LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", 
 
 
 def best_cells(table: ReportTable) -> set[tuple[int, str]]:
-    """(row number, column) of the highest mean of each Stat column, when the table marks them."""
+    """(row number, column) of the best mean of each Stat column (the highest, or the lowest where lower is
+    better), when the table marks them."""
     if not table.mark_best or len(table.frame) < 2:
         return set()
     best = set()
@@ -24,7 +25,7 @@ def best_cells(table: ReportTable) -> set[tuple[int, str]]:
         values = [(cell.mean, i) for i, cell in enumerate(table.frame[column])
                   if isinstance(cell, Stat) and not math.isnan(cell.mean)]
         if values:
-            top = max(v for v, _ in values)
+            top = (min if table.lower_is_better else max)(v for v, _ in values)
             best |= {(i, column) for v, i in values if v == top}
     return best
 

@@ -15,12 +15,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from fedcli.config import architectures
+from fedcli.config import LOWER_IS_BETTER, SELECT_KEYS, SELECT_ONLY_FOR, architectures
 from fedcli.fl.transport import EVERYONE, KINDS
 from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, cross_scores, dp_label, own_rows, own_scores
+from fedcli.report.paired import paired_bootstrap_frame
 
 BASELINES = ("feder", "standalone", "central", "central-synthetic", "central-mixed")
-FEDERATED = ("feder", "fedavg", "fedprox", "fedbn")
+FEDERATED = ("feder", "fedavg", "fedprox", "fedbn", "fedadam", "fedyogi", "fedadagrad", "scaffold")
 VARIANTS = ("feder", "feder-a", "feder-b")
 MB = 1e6
 
@@ -31,7 +32,8 @@ class ReportTable:
     title: str
     frame: pd.DataFrame  # index: row labels; cells: Stat or str
     note: str = ""
-    mark_best: bool = False  # bold the highest value of each Stat column
+    mark_best: bool = False  # bold the best value of each Stat column
+    lower_is_better: bool = False  # the best is the lowest (ECE)
     rows_are: str = "strategy"  # what the row labels name, when the frame's index has no name
 
     def __post_init__(self) -> None:
@@ -91,7 +93,7 @@ def performance_table(key: str, title: str, subs, strategies, metric: str, mark_
     nodes = nodes_of(subs)
     frame = pd.DataFrame({name: performance_cells(subs, name, metric, nodes) for name in strategies}).T
     frame.index.name = "strategy"
-    return ReportTable(key, title, frame, note, mark_best)
+    return ReportTable(key, title, frame, note, mark_best, lower_is_better=metric in LOWER_IS_BETTER)
 
 
 def cross_evaluated(config: dict) -> bool:
@@ -180,12 +182,27 @@ def table3(subs: list[SubExperiment], metric: str) -> Built:
 
 
 def table4(subs: list[SubExperiment], metric: str) -> Built:
-    title = "Table 4. FedER vs FedAvg, FedProx and FedBN"
+    title = "Table 4. FedER vs the federated baselines"
     present = strategies_in(subs, FEDERATED)
     if "feder" not in present or len(present) < 2:
-        return Missing(title, "federate --strategy feder with fedavg, fedprox and/or fedbn")
+        return Missing(title, "federate --strategy feder with fedavg, fedprox, fedbn, fedadam, fedyogi, fedadagrad "
+                       "and/or scaffold")
     return performance_table("table4_federated", title, subs, present, metric, mark_best=True,
                              note=f"{metric} of each node's final model on its own test set; best per column in bold")
+
+
+def table4_paired(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Table 4, paired. Each federated baseline minus FedER, on the same bootstrap resamples"
+    frame = paired_bootstrap_frame(subs, strategies_in(subs, FEDERATED), metric)
+    if frame is None:
+        return Missing(title, "federate --strategy feder with a federated baseline, each run with its test-set "
+                       "predictions (predictions.safetensors, written since issue 17)")
+    direction = "lower is better" if metric == "ece" else "negative: FedER is better"
+    return ReportTable("table4_paired_bootstrap", title, frame,
+                       f"{metric} of the strategy minus FedER's, each node's final model on its own test set (mean: "
+                       "over nodes), on the whole test set, with the 95% percentile interval of the same difference "
+                       f"over the bootstrap resamples both strategies were scored on ({direction}); with several "
+                       "seeds, each resample's difference is averaged over them")
 
 
 def table5(subs: list[SubExperiment], metric: str) -> Built:
@@ -401,17 +418,17 @@ def table8(subs: list[SubExperiment], metric: str) -> Built:
 
 
 def table1(subs: list[SubExperiment], metric: str) -> Built:
-    """Cross-validation grid (rounds x epochs, plus lr and mu where they vary), mean ± std over folds."""
+    """Cross-validation grid (rounds x epochs, plus lr, mu and server lr where they vary), mean ± std over folds."""
     title = "Table 1. Model selection grid: cross-validation per node"
     runs = [(s, r) for s in subs for r in s.cv_runs]
     if not runs:
         return Missing(title, "cross-validation runs: a [select] table in the recipe, or federate --cv")
     nodes = nodes_of(subs)
-    keys = [k for k in ("rounds", "epochs", "lr", "mu") if len({r.config.get(k) for _, r in runs}) > 1] or \
-        ["rounds", "epochs"]
+    keys = [k for k in SELECT_KEYS if len({r.config.get(k) for _, r in runs}) > 1] or ["rounds", "epochs"]
     cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for _, r in runs:
-        label = (r.strategy, *(r.config.get(k) if k != "mu" or r.strategy == "fedprox" else "-" for k in keys))
+        label = (r.strategy, *(r.config.get(k) if r.strategy in SELECT_ONLY_FOR.get(k, {r.strategy}) else "-"
+                               for k in keys))
         scores = own_scores(r.metrics, metric)
         for node in nodes:
             cells[label][node].append(scores.get(node))
@@ -420,7 +437,7 @@ def table1(subs: list[SubExperiment], metric: str) -> Built:
     frame = pd.DataFrame([{c: Stat.of(v) for c, v in row.items()} for row in cells.values()], index=index)
     best = {}
     for label in cells:
-        score = frame.loc[label, "mean"].mean
+        score = frame.loc[label, "mean"].mean * (-1 if metric in LOWER_IS_BETTER else 1)
         if label[0] not in best or score > best[label[0]][0]:
             best[label[0]] = (score, label)
     frame["chosen"] = ["yes" if best[label[0]][1] == label else "" for label in frame.index]

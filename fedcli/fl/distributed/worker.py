@@ -34,7 +34,7 @@ from fedcli.fl.progress import RoundProgress
 from fedcli.fl.stage import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, federation, \
     load_buffer, planned_runs, run_label, run_outputs, strategy_config, write_output
 from fedcli.fl.strategies import make_strategy
-from fedcli.layout import BUFFER, federate_dir, gan_dir, inside
+from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir, inside
 from fedcli.locking import locked
 
 FINAL = "final"  # a rank's final models, inside its checkpoint part, for rank 0 to collect
@@ -144,7 +144,7 @@ class Rank:
         fed = federation(cfg, self.manifest, self.device, fold, self.buffers, self.images,
                          transport=transport, local_nodes=[node], cross_eval=cfg.cross_eval)
         resolved = strategy_config(cfg, self.manifest, name, fold, self.buffer_info)
-        strategy = make_strategy(name, cfg.mu, resolved["buffer_size"] or 0)
+        strategy = make_strategy(name, cfg.mu, resolved["buffer_size"] or 0, cfg.server())
         work = checkpoint_dir(out)
         self.log.info("%s: start (resume=%s)", run_label(name, fold), cfg.resume)
         started = time.perf_counter()
@@ -156,12 +156,16 @@ class Rank:
         self.log.info("%s: done in %.2f s, %d bytes sent", run_label(name, fold), time.perf_counter() - started, sent)
         final = work / node / FINAL
         for key, model in strategy.models().items():
-            save_tensors(final / f"{key}.safetensors", {k: v.detach().cpu() for k, v in model.state_dict().items()})
+            save_tensors(final / "models" / f"{key}.safetensors",
+                         {k: v.detach().cpu() for k, v in model.state_dict().items()})
+        save_tensors(final / PREDICTIONS, fed.own_predictions(strategy.models()))
         self.group.exchange(f"{run_label(name, fold)}: writing the results", True)  # final models are on disk
         if self.group.rank == 0 or not self.shared_disk:
             folders = sorted(work.glob(f"*/{FINAL}")) if self.group.rank == 0 else [final]
-            states = {p.stem: load_tensors(p, "final model") for f in folders for p in sorted(f.glob("*.safetensors"))}
-            write_output(out, rows, transfers, states, resolved, cfg.overwrite or cfg.resume)
+            states = {p.stem: load_tensors(p, "final model") for f in folders
+                      for p in sorted((f / "models").glob("*.safetensors"))}
+            predictions = {k: v for f in folders for k, v in load_tensors(f / PREDICTIONS, "predictions").items()}
+            write_output(out, rows, transfers, states, predictions, resolved, cfg.overwrite or cfg.resume)
             shutil.rmtree(work if self.group.rank == 0 else work / node, ignore_errors=True)
         return StrategyRun(name, fold, out, rows, fed.nodes)
 

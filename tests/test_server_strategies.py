@@ -1,0 +1,209 @@
+"""FedAdam, FedYogi, FedAdagrad and Scaffold: their update rules by hand, their reductions to FedAvg, their
+state across a resume, their traffic, and the distributed engine's agreement with the in-process one."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from fedcli.artifacts import load_tensors
+from fedcli.config import FederateConfig
+from fedcli.data.manifest import Manifest
+from fedcli.fl import stage
+from fedcli.fl.engine import Federation
+from fedcli.fl.local import LocalSettings, TensorSource, train_local
+from fedcli.fl.server_optimizers import ServerOptimizer, ServerSettings
+from fedcli.fl.strategies import make_strategy
+from fedcli.fl.transport import all_reduce_bytes
+from fedcli.models.classifier import build_classifier
+from fedcli.rng import torch_stream
+
+NEW = ("fedadam", "fedyogi", "fedadagrad", "scaffold")
+ONE_THREAD = ["--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory):
+    from conftest import Cli
+
+    folder = tmp_path_factory.mktemp("server") / "exp"
+    Cli().ok("partition", "--nodes", "3", "--image-size", "16", "--exp", folder)
+    return folder
+
+
+def federation(exp, batch=32, init_epochs=1, rounds=2) -> Federation:
+    return Federation(Manifest.load(exp), lambda node: None, seed=0, model="cnn", epochs=1, init_epochs=init_epochs,
+                      lr=1e-3, batch=batch, lam=0.5, bootstrap=20, rounds=rounds)
+
+
+def global_after(exp, name, rounds=1, **options) -> dict[str, torch.Tensor]:
+    fed = federation(exp)
+    strategy = make_strategy(name, 0.0, 0, ServerSettings(**options))
+    strategy.setup(fed)
+    for round_ in range(1, rounds + 1):
+        strategy.run_round(fed, round_)
+    return strategy.global_model.state_dict()
+
+
+def test_fedadam_with_lr_1_beta1_0_and_a_frozen_second_moment_is_fedavg_weight_for_weight(exp):
+    """Reddi et al.'s step x + lr m / (sqrt(v) + tau) is FedAvg's x + delta when m = delta (beta1 0) and the
+    denominator is 1 (v stays at 0 with beta2 1, tau 1); two averages (rounds 0 and 1) with training between."""
+    fedavg = global_after(exp, "fedavg")
+    fedadam = global_after(exp, "fedadam", lr=1.0, beta1=0.0, beta2=1.0, tau=1.0)
+    for key, value in fedavg.items():
+        assert torch.allclose(fedadam[key].double(), value.double(), rtol=0, atol=1e-6), key
+    moved = global_after(exp, "fedadam", lr=1.0, beta1=0.0, beta2=0.0, tau=1.0)
+    assert not all(torch.allclose(moved[k], fedavg[k], atol=1e-4) for k in fedavg if fedavg[k].is_floating_point())
+
+
+def test_with_both_betas_0_fedadam_takes_a_signed_step_not_fedavgs():
+    """The issue's reduction (lr 1, betas 0) does not hold: m = delta, v = delta^2, so the step is
+    lr delta / (|delta| + tau), nearly lr in the sign of delta, whatever delta's size."""
+    x, average = torch.tensor([0.0, 1.0, -2.0]), torch.tensor([0.5, 0.9, -1.0])
+    step = ServerOptimizer("fedadam", ServerSettings(lr=1.0, beta1=0.0, beta2=0.0, tau=1e-3)).step({"w": x},
+                                                                                                   {"w": average})
+    delta = average - x
+    assert torch.allclose(step["w"], x + delta / (delta.abs() + 1e-3))
+    assert not torch.allclose(step["w"], average, atol=0.1)
+
+
+@pytest.mark.parametrize("rule", ["fedadagrad", "fedyogi", "fedadam"])
+def test_second_moment_rules_match_a_hand_computation_on_two_steps(rule):
+    lr, beta1, beta2, tau = 0.1, 0.9, 0.99, 1e-3
+    optimizer = ServerOptimizer(rule, ServerSettings(lr=lr, beta1=beta1, beta2=beta2, tau=tau))
+    x0 = [0.5, -1.0, 2.0]
+    averages = ([0.7, -1.2, 2.0], [0.6, -0.5, 1.0])  # the nodes' average after each round's training
+    m, v, x = [0.0] * 3, [0.0] * 3, list(x0)
+    current = {"w": torch.tensor(x0, dtype=torch.float64)}
+    for average in averages:
+        delta = [a - b for a, b in zip(average, x)]
+        m = [beta1 * mi + (1 - beta1) * d for mi, d in zip(m, delta)]
+        if rule == "fedadagrad":
+            v = [vi + d * d for vi, d in zip(v, delta)]
+        elif rule == "fedadam":
+            v = [beta2 * vi + (1 - beta2) * d * d for vi, d in zip(v, delta)]
+        else:  # Yogi: v - (1 - beta2) delta^2 sign(v - delta^2)
+            v = [vi - (1 - beta2) * d * d * (1 if vi > d * d else -1 if vi < d * d else 0) for vi, d in zip(v, delta)]
+        x = [xi + lr * mi / (vi ** 0.5 + tau) for xi, mi, vi in zip(x, m, v)]
+        current = optimizer.step(current, {"w": torch.tensor(average, dtype=torch.float64)})
+        assert torch.allclose(optimizer.v["w"], torch.tensor(v, dtype=torch.float64), rtol=1e-12, atol=0)
+        assert torch.allclose(current["w"], torch.tensor(x, dtype=torch.float64), rtol=1e-12, atol=0)
+    assert v[0] > 0 and (rule != "fedyogi" or v[2] != pytest.approx(0.0))
+
+
+def test_a_scaffold_correction_moves_each_weight_by_lr_times_it_after_the_step():
+    """One step: the corrected weights are the uncorrected ones minus lr (c - c_i), the paper's
+    y <- y - lr (g - c_i + c) when the optimiser is SGD, applied in weight space after Adam's step."""
+    source = TensorSource(torch.randint(0, 256, (8, 1, 16, 16), dtype=torch.uint8), torch.arange(8) % 2)
+    settings = LocalSettings(epochs=1, lr=0.01, batch=8)
+    models = [build_classifier("cnn", 1, 2, 0) for _ in range(2)]
+    correction = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(1))
+                  for k, v in models[1].named_parameters()}
+    for model, corr in zip(models, (None, correction)):
+        assert train_local(model, source, None, settings, torch_stream(0, "t"), correction=corr) == 1
+    plain, corrected = (dict(m.named_parameters()) for m in models)
+    for k in correction:
+        assert torch.allclose(corrected[k], plain[k] - 0.01 * correction[k], atol=1e-6), k
+
+
+def test_scaffold_with_zero_control_variates_and_one_local_step_is_fedavg(exp):
+    """No round 0 training (the control variates stay 0) and a batch as large as each node's train set:
+    one local step per node; the global model is FedAvg's, bit for bit."""
+    results = {}
+    for name in ("fedavg", "scaffold"):
+        fed = federation(exp, batch=4096, init_epochs=0)
+        strategy = make_strategy(name, 0.0, 0)
+        strategy.setup(fed)
+        assert fed.train_local(fed.new_model("x"), "node0", 1, fed.train["node0"], None, epochs=1) == 1
+        strategy.run_round(fed, 1)
+        results[name] = strategy.global_model.state_dict()
+    assert all(torch.equal(results["fedavg"][k], results["scaffold"][k]) for k in results["fedavg"])
+
+
+def test_scaffold_control_variates_follow_option_ii_by_hand(exp):
+    """Round 2 from round 1's control variates: c_i+ = c_i - c + (x - y_i) / (K lr) for each node's K steps at a
+    constant lr, and c+ the train-size-weighted mean of the c_i+."""
+    fed = federation(exp, batch=64)
+    scaffold = make_strategy("scaffold", 0.0, 0)
+    scaffold.setup(fed)
+    scaffold.run_round(fed, 1)
+    before_c = {k: v.clone() for k, v in scaffold.control.items()}
+    before_ci = {n: {k: v.clone() for k, v in c.items()} for n, c in scaffold.node_control.items()}
+    x = {k: v.detach().clone() for k, v in scaffold.global_model.named_parameters()}
+    assert any(v.abs().sum() > 0 for v in before_c.values())
+    trained, steps, original = {}, {}, fed.train_local
+
+    def spy(model, key, *args, **kwargs):
+        steps[key] = original(model, key, *args, **kwargs)
+        trained[key] = {k: v.detach().clone() for k, v in model.named_parameters()}
+        return steps[key]
+
+    fed.train_local = spy
+    scaffold.run_round(fed, 2)
+    sizes = {node: len(fed.train[node]) for node in fed.nodes}
+    expected = {}
+    for node in fed.nodes:
+        assert steps[node] == -(-sizes[node] // 64)  # ceil(n / batch) steps in one epoch
+        expected[node] = {k: before_ci[node][k] - before_c[k] + (x[k] - trained[node][k]) / (steps[node] * 1e-3)
+                          for k in x}
+        for k in x:
+            assert torch.allclose(scaffold.node_control[node][k], expected[node][k], rtol=1e-4, atol=1e-5), (node, k)
+    total = sum(sizes.values())
+    for k in x:
+        mean = sum(sizes[n] * expected[n][k].double() for n in fed.nodes) / total
+        assert torch.allclose(scaffold.control[k].double(), mean, rtol=1e-4, atol=1e-5), k
+
+
+def test_scaffold_moves_its_control_variates_beside_the_model_every_round(exp):
+    fed = {name: federation(exp) for name in ("fedavg", "scaffold")}
+    for name, f in fed.items():
+        strategy = make_strategy(name, 0.0, 0)
+        strategy.setup(f)
+        strategy.run_round(f, 1)
+    parameters = {k: v for k, v in fed["fedavg"].new_model("global").named_parameters()}
+    per_round = {name: sum(t.bytes for t in f.transport.transfers if t.round == 1 and t.sender == "node0")
+                 for name, f in fed.items()}
+    assert per_round["scaffold"] == per_round["fedavg"] + all_reduce_bytes(parameters, 3)
+    assert 1.9 < per_round["scaffold"] / per_round["fedavg"] < 2.0  # the model's parameters twice; its BN buffers once
+
+
+def test_a_resumed_run_ends_as_an_uninterrupted_one_with_server_moments_and_control_variates(cli, exp, tmp_path):
+    """The server moments (m, v) and the control variates (c, each c_i) are checkpointed with the model."""
+    from conftest import copy_exp
+
+    work, stateful = copy_exp(exp, tmp_path), ("fedyogi", "scaffold")
+    args = ["--exp", work, *[a for name in stateful for a in ("--strategy", name)], "--rounds", "3", "--epochs", "1",
+            "--bootstrap", "20", "--server-lr", "0.03", *ONE_THREAD]
+    cli.ok("federate", *args)
+    reference = {name: pd.read_csv(work / "federate" / name / "metrics.csv") for name in stateful}
+
+    def crash(strategy, round_):
+        if round_ == 2:
+            raise KeyboardInterrupt
+
+    for name in stateful:
+        with pytest.raises(KeyboardInterrupt):
+            stage.run(FederateConfig(exp=work, strategy=(name,), rounds=3, epochs=1, bootstrap=20, server_lr=0.03,
+                                     threads=1, overwrite=True), after_round=crash)
+    cli.ok("federate", *args, "--resume")
+    for name in stateful:
+        pd.testing.assert_frame_equal(pd.read_csv(work / "federate" / name / "metrics.csv"), reference[name])
+
+
+def test_each_new_strategy_gives_the_same_numbers_on_the_distributed_engine(cli, exp, tmp_path):
+    from conftest import copy_exp
+
+    common = [*[a for name in NEW for a in ("--strategy", name)], "--rounds", "2", "--epochs", "1",
+              "--bootstrap", "20", *ONE_THREAD]
+    simulated, distributed = copy_exp(exp, tmp_path / "simulated"), copy_exp(exp, tmp_path / "distributed")
+    cli.ok("federate", "--exp", simulated, *common)
+    cli.ok("federate", "--exp", distributed, *common, "--engine", "distributed", "--launch", "local")
+    for name in NEW:
+        a, b = (pd.read_csv(e / "federate" / name / "metrics.csv") for e in (simulated, distributed))
+        pd.testing.assert_frame_equal(b, a, check_exact=False, rtol=0, atol=1e-6)
+        comm = [pd.read_csv(e / "federate" / name / "comm.csv") for e in (simulated, distributed)]
+        pd.testing.assert_frame_equal(*comm)
+        models = [load_tensors(e / "federate" / name / "models" / "global.safetensors", "m")
+                  for e in (simulated, distributed)]
+        assert all(torch.allclose(models[0][k].double(), models[1][k].double(), rtol=0, atol=1e-6) for k in models[0])
