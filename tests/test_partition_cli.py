@@ -153,3 +153,10 @@ def test_more_nodes_than_samples(cli, tmp_path):
     assert "more than the 4 samples" in cli.user_error("partition", "--source", "csv", "--data-dir", data,
                                                        "--nodes", "5", "--exp", exp)
     assert_nothing_written(exp)
+
+
+def test_a_positive_class_is_refused_for_ten_classes_and_written_nowhere(cli, tmp_path):
+    line = cli.user_error("partition", "--exp", tmp_path / "exp", "--nodes", "2", "--image-size", "16",
+                          "--positive-class", "3")
+    assert "--positive-class applies to a task of two classes" in line
+    assert not (tmp_path / "exp").exists()

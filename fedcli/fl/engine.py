@@ -102,6 +102,7 @@ class Federation:
         self._train_sizes: dict[str, int] | None = None
         self._buffer_payloads: dict[str, bytes] = {}
         self._decoded_buffers: dict[str, TensorSource] = {}
+        self._counts: dict[str, np.ndarray] = {}
 
     def _source(self, node: str, split: str, folds: list[int] | None) -> TensorSource:
         return self.images.get(node, split, folds)
@@ -187,7 +188,7 @@ class Federation:
         for key, per_node in probs.items():
             for node, p in per_node.items():
                 y = self.test[node].labels.numpy()
-                counts = resample_counts(self.seed, node, len(y), self.bootstrap)
+                counts = self.resample_counts(node)
                 rows.append({"round": round_, "strategy": strategy, "model_node": key, "test_node": node,
                              "n_test": len(y), **evaluate(y, p, counts, self.manifest.positive_class,
                                                           self.manifest["label_names"])})
@@ -203,6 +204,12 @@ class Federation:
                 for column, p in variants.items():
                     row[column] = float((p[row["model_node"]][row["test_node"]].argmax(axis=1) == y).mean())
         return rows
+
+    def resample_counts(self, node: str) -> np.ndarray:
+        """The bootstrap resamples of a test set: drawn once per run, as every model and round shares them."""
+        if node not in self._counts:
+            self._counts[node] = resample_counts(self.seed, node, len(self.test[node]), self.bootstrap)
+        return self._counts[node]
 
     def own_predictions(self, models: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
         """Each local node's own (or the shared) model's softmax on that node's test set, `<model key>/<test

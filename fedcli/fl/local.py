@@ -114,6 +114,7 @@ def _train_epochs(model, primary, replay, settings, generator, device, anchor, o
                   correction) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     anchor = {k: v.to(device) for k, v in anchor.items()} if anchor is not None and settings.mu > 0 else None
+    correction = {k: v.to(device) for k, v in correction.items()} if correction is not None else None
     steps, total = 0, settings.epochs * len(batch_bounds(len(primary) if epoch_size is None else epoch_size,
                                                           settings.batch))
     for x, labels, n_primary in training_batches(primary, replay, settings, generator, epoch_size):
@@ -131,7 +132,7 @@ def _train_epochs(model, primary, replay, settings, generator, device, anchor, o
         if correction is not None:
             with torch.no_grad():
                 for name, parameter in model.named_parameters():
-                    parameter.sub_(correction[name].to(device), alpha=optimizer.param_groups[0]["lr"])
+                    parameter.sub_(correction[name], alpha=optimizer.param_groups[0]["lr"])
         steps += 1
     return steps
 

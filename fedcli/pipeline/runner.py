@@ -109,12 +109,12 @@ class Runner:
                     federate_run(dataclasses.replace(cfg, fold=fold))
             self.unit(folder, label, f"select {strategy} {name}", fp, f"select/{name}/federate/cv/{strategy}", validate)
             score = validation_score(folder / "select" / name / "federate" / "cv" / strategy, folds, metric)
-            score = -score if metric in LOWER_IS_BETTER else score  # the best is the highest, here
-            if best is None or score > best[0] or (np.isnan(best[0]) and not np.isnan(score)):
+            sign = -1 if metric in LOWER_IS_BETTER else 1
+            if best is None or sign * score > sign * best[0] or (np.isnan(best[0]) and not np.isnan(score)):
                 best = (score, values)
         console.out.print(f"{label + ': ' if label else ''}select {strategy}: "
                           f"{', '.join(f'{k}={v}' for k, v in best[1].items()) or 'defaults'} "
-                          f"(mean validation {self.recipe.select['metric']} {abs(best[0]):.3f} over {folds} folds)")
+                          f"(mean validation {self.recipe.select['metric']} {best[0]:.3f} over {folds} folds)")
         return best[1], fps
 
     def prune_points(self, names: list[str]) -> None:

@@ -61,24 +61,28 @@ def scores(run: Run, sub: SubExperiment, column: str) -> dict[str, np.ndarray] |
     return out
 
 
-def differences(subs: list[SubExperiment], strategy: str, column: str) -> dict[str, np.ndarray] | None:
-    """Per node and for the mean over nodes: strategy minus FedER, per resample, averaged over the seeds
-    that ran both with the same resamples (index 0: the whole test sets)."""
+def with_mean(scored: dict[str, np.ndarray], nodes: list[str]) -> dict[str, np.ndarray]:
+    """Per-node scores plus their mean over nodes, resample by resample."""
+    return scored | {"mean": np.mean([scored[n] for n in nodes], axis=0)}
+
+
+def differences(subs: list[SubExperiment], strategy: str, column: str,
+                feder: list[dict[str, np.ndarray] | None]) -> tuple[dict[str, np.ndarray], int] | None:
+    """Per node and for the mean over nodes: strategy minus FedER (`feder`: its scores in each sub), per
+    resample, averaged over the seeds that ran both on the same resamples (index 0: the whole test sets);
+    and how many seeds that is."""
     per_seed = []
-    for sub in subs:
-        runs = sub.run(strategy), sub.run("feder")
-        if None in runs or runs[0].config.get("bootstrap") != runs[1].config.get("bootstrap"):
+    for sub, base in zip(subs, feder):
+        run = sub.run(strategy)
+        if run is None or base is None or run.config.get("bootstrap") != sub.run("feder").config.get("bootstrap"):
             continue
-        pair = [scores(run, sub, column) for run in runs]
-        if None in pair:
-            continue
-        diff = {node: pair[0][node] - pair[1][node] for node in sub.nodes}
-        diff["mean"] = np.mean([pair[0][n] for n in sub.nodes], axis=0) - np.mean([pair[1][n] for n in sub.nodes],
-                                                                                    axis=0)
-        per_seed.append(diff)
+        scored = scores(run, sub, column)
+        if scored is not None:
+            other = with_mean(scored, sub.nodes)
+            per_seed.append({key: other[key] - base[key] for key in base})
     if not per_seed:
         return None
-    return {key: np.mean([d[key] for d in per_seed], axis=0) for key in per_seed[0]} | {"seeds": len(per_seed)}
+    return {key: np.mean([d[key] for d in per_seed], axis=0) for key in per_seed[0]}, len(per_seed)
 
 
 def cell(values: np.ndarray) -> str:
@@ -87,11 +91,14 @@ def cell(values: np.ndarray) -> str:
 
 
 def paired_bootstrap_frame(subs: list[SubExperiment], strategies: list[str], column: str) -> pd.DataFrame | None:
+    feder = [None if (run := sub.run("feder")) is None or (scored := scores(run, sub, column)) is None
+             else with_mean(scored, sub.nodes) for sub in subs]  # scored once, paired with every strategy
     rows = {}
     for name in strategies:
-        if name == "feder" or (diff := differences(subs, name, column)) is None:
+        if name == "feder" or (found := differences(subs, name, column, feder)) is None:
             continue
-        rows[name] = {"seeds": diff.pop("seeds"), **{key: cell(values) for key, values in diff.items()}}
+        diff, seeds = found
+        rows[name] = {"seeds": seeds, **{key: cell(values) for key, values in diff.items()}}
     if not rows:
         return None
     frame = pd.DataFrame(rows).T
