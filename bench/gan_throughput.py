@@ -119,7 +119,7 @@ def bench_fidelity(source: list[str], iterations: int, every: int) -> None:
     from fedcli.config import GanConfig
     from fedcli.data.dataset import NodeDataset, to_float
     from fedcli.data.manifest import Manifest
-    from fedcli.fl.local import TensorSource
+    from fedcli.data.tensor_source import TensorSource
     from fedcli.gan import fidelity
     from fedcli.gan.stage import architecture, settings
     from fedcli.rng import stream_seed

@@ -8,7 +8,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from fedcli.errors import UserError
-from fedcli.fl.local import TensorSource
+from fedcli.data.tensor_source import TensorSource
 from fedcli.data.dataset import to_float
 from fedcli.gan import fid
 from fedcli.gan.fidelity import Budget, score, train_classifier

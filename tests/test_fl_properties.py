@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from fedcli.fl import topology
 from fedcli.fl.batchnorm_check import reestimated
-from fedcli.fl.local import LocalSettings, TensorSource, proximal_term, replay_loss, train_local
+from fedcli.data.tensor_source import TensorSource
+from fedcli.fl.local import LocalSettings, proximal_term, replay_loss, train_local
 from fedcli.fl.payloads import PayloadError, decode_buffer, decode_model, encode_buffer, encode_model
 from fedcli.fl.transport import weighted_average
 from fedcli.models.classifier import SmallCNN, batchnorm_keys, build_classifier

@@ -12,7 +12,8 @@ from fedcli.config import FederateConfig
 from fedcli.data.manifest import Manifest
 from fedcli.fl import stage
 from fedcli.fl.engine import Federation
-from fedcli.fl.local import LocalSettings, TensorSource, train_local
+from fedcli.data.tensor_source import TensorSource
+from fedcli.fl.local import LocalSettings, train_local
 from fedcli.fl.server_optimizers import ServerOptimizer, ServerSettings
 from fedcli.fl.strategies import make_strategy
 from fedcli.fl.transport import all_reduce_bytes

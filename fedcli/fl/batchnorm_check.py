@@ -25,7 +25,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from fedcli.fl.local import LocalSettings, TensorSource, training_batches
+from fedcli.data.tensor_source import TensorSource
+from fedcli.fl.local import LocalSettings, training_batches
 
 COLUMNS = ("model_node", "test_node", "accuracy_stored", "accuracy_refreshed", "accuracy_refreshed_as_trained")
 DIAGNOSTIC = COLUMNS[3:]  # added to the final round's metrics rows, which carry them through checkpoints

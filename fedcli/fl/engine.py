@@ -23,7 +23,8 @@ from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.batchnorm_check import has_batchnorm, reestimated, refresh_batches
 from fedcli.fl.evaluate import evaluate, predict, resample_counts
-from fedcli.fl.local import LocalSettings, TensorSource, train_local
+from fedcli.data.tensor_source import TensorSource
+from fedcli.fl.local import LocalSettings, train_local
 from fedcli.fl.payloads import decode_buffer, decode_model, encode_buffer, encode_model
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.strategies import SHARED_MODELS, Strategy

@@ -18,21 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedcli.data.dataset import augment_batch, to_float
-
-
-@dataclasses.dataclass
-class TensorSource:
-    """uint8 images (N, C, H, W) and labels, drawn in shuffled passes without replacement."""
-
-    images: torch.Tensor
-    labels: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    @staticmethod
-    def concat(sources: list["TensorSource"]) -> "TensorSource":
-        return TensorSource(torch.cat([s.images for s in sources]), torch.cat([s.labels for s in sources]))
+from fedcli.data.tensor_source import TensorSource
 
 
 class Cycler:

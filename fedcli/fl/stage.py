@@ -29,7 +29,7 @@ from fedcli.errors import UserError
 from fedcli.fl.batchnorm_check import COLUMNS as BN_COLUMNS, DIAGNOSTIC
 from fedcli.fl.checkpoint import Checkpoint
 from fedcli.fl.engine import Federation, NodeImages, run_rounds
-from fedcli.fl.local import TensorSource
+from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.strategies import NEEDS_BUFFERS, make_strategy
 from fedcli.fl.transport import Transfer

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from fedcli.fl import topology
-from fedcli.fl.local import TensorSource
+from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.server_optimizers import ServerOptimizer, ServerSettings
 from fedcli.models.classifier import batchnorm_keys

@@ -22,7 +22,8 @@ import torch
 
 from fedcli.errors import UserError
 from fedcli.fl.evaluate import predict
-from fedcli.fl.local import LocalSettings, TensorSource, train_local
+from fedcli.data.tensor_source import TensorSource
+from fedcli.fl.local import LocalSettings, train_local
 from fedcli.models.classifier import build_classifier
 from fedcli.rng import stream_seed, torch_stream
 

@@ -31,7 +31,7 @@ from fedcli.layout import (BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE
                            GENERATOR_RESEEDED, GENERATOR_TINY, gan_dir)
 from fedcli.locking import locked
 from fedcli.errors import UserError
-from fedcli.fl.local import TensorSource
+from fedcli.data.tensor_source import TensorSource
 from fedcli.gan import fidelity
 from fedcli.gan.buffer import sample_buffer
 from fedcli.gan import fid
