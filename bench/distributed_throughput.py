@@ -26,9 +26,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fedcli.config import FederateConfig, GanConfig, PartitionConfig
+from fedcli.config import GanConfig, PartitionConfig
 from fedcli.data import partition
 from fedcli.fl import stage
+from fedcli.fl.federate_config import FederateConfig
 from fedcli.gan import stage as gan_stage
 
 ROUNDS, STRATEGIES = 10, ("feder", "feder-a", "fedavg")

@@ -26,12 +26,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedcli.config import FederateConfig, GanConfig, PartitionConfig
+from fedcli.config import GanConfig, PartitionConfig
 from fedcli.data import partition
 from fedcli.data.dataset import to_float
 from fedcli.data.loading import digit_images
-from fedcli.fl import stage
+from fedcli.fl import engine, stage
+from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.payloads import encode_buffer, encode_model
+from fedcli.fl.runs import load_buffer
 from fedcli.gan import stage as gan_stage
 from fedcli.models.classifier import build_classifier
 
@@ -90,12 +92,11 @@ def bench_engine(rounds: int = 10, epochs: int = 1) -> None:
         start = time.perf_counter()
         stage.run(cfg)
         t_fedcli = time.perf_counter() - start
-        fed = stage.Federation(manifest, lambda n: None, seed=0, model="cnn", epochs=1, init_epochs=1, lr=1e-3,
-                               batch=32, lam=0.5)
-        reals = {n: (fed.train[n].images, fed.train[n].labels) for n in manifest.node_names}
+        train = engine.build(cfg, manifest, 0).data.train
+        reals = {n: (train[n].images, train[n].labels) for n in manifest.node_names}
         buffers = {}
         for n in manifest.node_names:
-            b = stage.load_buffer(exp, manifest, n, None, "feder")
+            b = load_buffer(exp, manifest, n, None, "feder")
             buffers[n] = (b.images, b.labels)
         t_bare, t_nchw = (timed(lambda: bare_feder((reals, buffers), rounds, epochs, 32, 1e-3, layout))
                           for layout in (torch.channels_last, torch.contiguous_format))

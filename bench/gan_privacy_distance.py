@@ -19,7 +19,7 @@ from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.gan.networks import Architecture
 from fedcli.gan.perceptual import Perceptual
-from fedcli.gan.stage import load_generator
+from fedcli.gan.kinds import load_generator
 from fedcli.layout import GENERATOR, GENERATOR_PHASE1
 
 SAMPLES = 512
@@ -49,7 +49,7 @@ def main(exp: Path) -> None:
         labels = torch.tensor(config["classes"]).repeat(SAMPLES)[:SAMPLES]
         results = []
         for name in (GENERATOR_PHASE1, GENERATOR):
-            generator = load_generator(folder, name, arch)
+            generator = load_generator(folder, name, config)
             with torch.no_grad():
                 fakes = generator(z, labels, noise_mode="const").clamp(-1, 1)
             results.append(nearest(perceptual, fakes, reals))

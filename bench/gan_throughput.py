@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from fedcli.gan import losses
-from fedcli.gan.buffer import sample_buffer
+from fedcli.replay.buffer import sample_buffer
 from fedcli.gan.fid import FeatureSpace
 from fedcli.gan.networks import Architecture, Generator
 from fedcli.gan.perceptual import Perceptual
@@ -121,7 +121,7 @@ def bench_fidelity(source: list[str], iterations: int, every: int) -> None:
     from fedcli.data.manifest import Manifest
     from fedcli.data.tensor_source import TensorSource
     from fedcli.gan import fidelity
-    from fedcli.gan.stage import architecture, settings
+    from fedcli.gan.stylegan2 import architecture, settings
     from fedcli.rng import stream_seed
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,9 +18,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from fedcli.audit.projection import ProjectionSettings, class_mean_w, project
+from fedcli.audit.projection import ProjectionSettings, project
 from fedcli.data.sources.digits import load_digit_images
-from fedcli.gan.networks import Architecture, Generator
+from fedcli.gan.networks import Architecture, Generator, class_mean_w
 from fedcli.gan.perceptual import Perceptual
 
 STEPS = 100
@@ -42,7 +42,7 @@ def main() -> None:
     images, labels = load_digit_images()
     targets = F.interpolate(torch.from_numpy(images[:IMAGES]).unsqueeze(1), size=32, mode="bilinear") * 2 - 1
     classes = torch.from_numpy(labels[:IMAGES])
-    means, spread = class_mean_w(generator, list(range(10)), 1000, torch.Generator().manual_seed(1))
+    means, spread = class_mean_w(generator, generator.arch.z_dim, list(range(10)), 1000, torch.Generator().manual_seed(1))
     w_start = torch.stack([means[int(c)] for c in classes])
     settings = ProjectionSettings(steps=STEPS)
 
@@ -72,7 +72,7 @@ def audit_cost_per_node(perceptual) -> None:
     perceptual = perceptual.to(memory_format=torch.channels_last)
     images, labels = load_digit_images()
     targets = F.interpolate(torch.from_numpy(images[:240]).unsqueeze(1), size=16, mode="bilinear") * 2 - 1
-    means, spread = class_mean_w(generator, list(range(10)), 1000, torch.Generator().manual_seed(1))
+    means, spread = class_mean_w(generator, generator.arch.z_dim, list(range(10)), 1000, torch.Generator().manual_seed(1))
     w_start = torch.stack([means[int(c)] for c in labels[:240]])
     settings = ProjectionSettings(steps=80)
     for batch in (40, 120, 240):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -10,10 +11,11 @@ import typer
 from typer.core import TyperGroup
 
 from fedcli import __version__, console
-from fedcli.config import (AuditConfig, BufferCodec, Device, Engine, FederateConfig, GanConfig, Launch, LpipsNet,
-                           LrSchedule, Metric, ModelName, PartitionConfig, PredictConfig, PrivacyLoss, PrivacyScale,
-                           ReportConfig, Scheme, Source, Task, Weighting, number_or_keyword, resolve)
+from fedcli.config import (AuditConfig, Device, GanConfig, LpipsNet, Metric, ModelName, PartitionConfig, PredictConfig,
+                           PrivacyLoss, PrivacyScale, ReportConfig, Scheme, Source, Task, number_or_keyword, resolve)
 from fedcli.errors import UserError, environment_message
+from fedcli.fl.federate_config import Engine, FederateConfig, Launch, LrSchedule, Weighting
+from fedcli.fl.strategies import REGISTRY
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
 CONFIG_HELP = "TOML recipe; its \\[stage] table sets options, which options given here override."
@@ -134,6 +136,8 @@ def train_gan(
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
     node: Optional[str] = typer.Option(None, help="Train this node only (hospitals can run separately). "
                                        "Default: every node in turn.", show_default=False),
+    generator: str = typer.Option(GanConfig.generator, help="Kind of generator; the options below are the "
+                                  "stylegan2 kind's unless said otherwise."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     iterations: int = typer.Option(GanConfig.iterations, help="Phase 1 (standard GAN) iteration cap."),
     patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when FID has not improved for this many iterations."),
@@ -219,18 +223,45 @@ def train_gan(
 
     cfg = resolved_config(ctx, GanConfig, "train_gan")
     summaries = run(cfg)
-    if not cfg.sample_only:
+    if not cfg.sample_only and all("phase1" in s for s in summaries):  # the table reads the StyleGAN kind's record
         console.out.print(gan_table(summaries))
     console.out.print(f"wrote {cfg.exp / 'gan'}")
 
 
-@app.command(epilog="Example: fedcli federate --strategy feder --strategy fedavg --exp results/demo")
+def with_strategy_options(command):
+    """`command` with one option per strategy option of the registry (fl/strategies/) in place of its
+    `**strategy_options`: the help names the strategies that take each one and their defaults."""
+    signature = inspect.signature(command)
+    params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    at = next(i for i, p in enumerate(params) if p.name == "weighting")
+    added = []
+    for name, field in REGISTRY.options().items():
+        defaults: dict[str, list[str]] = {}
+        for declaration in REGISTRY.declaring(name):
+            default = getattr(declaration.options(), name)
+            defaults.setdefault("all" if default is None else str(default), []).append(declaration.name)
+        who = "; ".join(f"{', '.join(names)}: {default}" for default, names in defaults.items())
+        option = typer.Option(None, help=f"{field.metadata['help']} \\[{who}]",
+                              show_default=False)
+        added.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option,
+                                       annotation=Optional[REGISTRY.option_type(name)]))
+    command.__signature__ = signature.replace(parameters=params[:at] + added + params[at:])
+    command.__annotations__ = {**command.__annotations__, **{p.name: p.annotation for p in added}}
+    return command
+
+
+STRATEGY_LIST = "\n\n".join(f"{d.name}: {d.summary}." for d in REGISTRY)
+
+
+@app.command(epilog="Example: fedcli federate --strategy feder --strategy fedavg --exp results/demo",
+             help="Run FedER and the baselines on the partition.\n\nWrites <exp>/federate/<strategy>/: metrics.csv, "
+             "bn_statistics.csv, comm.csv, models/, config.json.\n\nStrategies (--strategy):\n\n" + STRATEGY_LIST)
+@with_strategy_options
 def federate(
     ctx: typer.Context,
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
-    strategy: list[str] = typer.Option(list(FederateConfig.strategy), help="Repeatable: feder, feder-a, feder-b, "
-                                       "cyclic, fedavg, fedprox, fedbn, fedadam, fedyogi, fedadagrad, scaffold, "
-                                       "standalone, central, central-synthetic, central-mixed."),
+    strategy: list[str] = typer.Option(list(FederateConfig.strategy), help="Repeatable: "
+                                       f"{', '.join(REGISTRY.names())} (listed above)."),
     rounds: int = typer.Option(FederateConfig.rounds, help="Federated rounds R."),
     epochs: int = typer.Option(FederateConfig.epochs, help="Local epochs E per round."),
     init_epochs: Optional[int] = typer.Option(None, help="Epochs before round 1 (round 0): each node trains its "
@@ -244,25 +275,13 @@ def federate(
                               "buffer images)."),
     node_batch: list[str] = typer.Option([], help="Repeatable NODE=B: a node's own batch size (the study: "
                                          "shenzhen=32, montgomery=8)."),
-    lam: float = typer.Option(FederateConfig.lam, help="lambda: loss = lambda CE(real) + (1 - lambda) CE(buffer)."),
-    mu: float = typer.Option(FederateConfig.mu, help="FedProx proximal weight."),
-    server_lr: float = typer.Option(FederateConfig.server_lr, help="FedAdam, FedYogi, FedAdagrad: the server "
-                                    "learning rate (Reddi et al.'s eta)."),
-    beta1: float = typer.Option(FederateConfig.beta1, help="FedAdam, FedYogi, FedAdagrad: the server's first-moment "
-                                "decay."),
-    beta2: float = typer.Option(FederateConfig.beta2, help="FedAdam, FedYogi: the server's second-moment decay."),
-    tau: float = typer.Option(FederateConfig.tau, help="FedAdam, FedYogi, FedAdagrad: the adaptivity tau, added to "
-                              "the root of the second moment."),
     weighting: Weighting = typer.Option(FederateConfig.weighting, help="Averaging strategies: weight each node's "
                                         "model by its train-set size (samples) or equally (equal, as FedBN's code "
                                         "and the study)."),
-    buffer_size: Optional[int] = typer.Option(None, help="Use the first k buffer images of each node; 0 = "
-                                              "FedER without replay \\[default: all].", show_default=False),
-    buffer_codec: BufferCodec = typer.Option(FederateConfig.buffer_codec, help="How buffers travel: png "
-                                             "(lossless, per image) or raw."),
     model: list[str] = typer.Option(list(FederateConfig.model), help="Repeatable. Classifier: cnn (quick), "
                                     "resnet18 (the study), resnet50, densenet121; NODE=ARCH gives a node its own "
-                                    "(feder-a and standalone only: their models never move)."),
+                                    f"({' and '.join(d.name for d in REGISTRY if d.own_architectures)} only: their "
+                                    "models never move)."),
     pretrained: bool = typer.Option(FederateConfig.pretrained, help="Start from ImageNet weights (torch hub "
                                     "cache or --model-weights)."),
     model_weights: Optional[Path] = typer.Option(None, help="torchvision ImageNet state dict for --pretrained.",
@@ -291,12 +310,8 @@ def federate(
                                 "engine's checkpoint)."),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(FederateConfig.overwrite, help="Replace existing strategy folders."),
+    **strategy_options: Any,
 ) -> None:
-    """Run FedER and the baselines (FedAvg, FedProx, FedBN, FedAdam, FedYogi, FedAdagrad, Scaffold, standalone,
-    centralized) on the partition.
-
-    Writes <exp>/federate/<strategy>/: metrics.csv, bn_statistics.csv, comm.csv, models/, config.json.
-    """
     from fedcli.fl.stage import run
     from fedcli.report.tables import cv_table, ensemble_table, node_convergence_table, node_performance_table
 

@@ -237,11 +237,13 @@ Off = Literal["off"]
 
 @dataclasses.dataclass(frozen=True)
 class GanConfig:
-    """`fedcli train-gan`. Defaults are the quick CPU configuration (about a minute per digits node);
-    the study's values (batch 32, lr 0.0025, 256x256, patience 10,000, VGG) belong in recipes."""
+    """`fedcli train-gan`. Defaults are the quick CPU configuration of the StyleGAN2 kind (about a minute
+    per digits node); the study's values (batch 32, lr 0.0025, 256x256, patience 10,000, VGG) belong in
+    recipes. Another kind reads its own subset of the options (fedcli/gan/kinds.py)."""
 
     exp: Path
     node: str | None = None
+    generator: str = "stylegan2"  # a kind in fedcli/gan/kinds.py, checked there
     seed: int | None = ranged(None, 0, MAX_SEED)  # default: the partition's seed
     iterations: int = ranged(400, 1, MAX_COUNT)
     patience: int = ranged(200, 1, MAX_COUNT)
@@ -330,15 +332,6 @@ def check_weights_file(cfg, *names: str) -> None:
             raise UserError(f"--{name.replace('_', '-')} {path} does not exist")
 
 
-BufferCodec = Literal["png", "raw"]
-Engine = Literal["inprocess", "distributed"]
-Launch = Literal["none", "local"]
-ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
-
-
-OWN_ARCHITECTURES = ("feder-a", "standalone")  # strategies whose node models never travel or merge
-
-
 def architectures(entries: tuple[str, ...] | str) -> tuple[str, dict[str, str]]:
     """--model entries as (the architecture of every model, {node: its own architecture}); a config.json
     written before NODE=ARCH existed holds one name."""
@@ -356,105 +349,6 @@ def architectures(entries: tuple[str, ...] | str) -> tuple[str, dict[str, str]]:
         else:
             default = arch
     return default or "cnn", own
-
-
-LrSchedule = Literal["constant", "cosine"]  # cosine: from lr to 0 over init-epochs + R x E (fl/local.py)
-Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
-
-
-@dataclasses.dataclass(frozen=True)
-class FederateConfig:
-    """`fedcli federate`. Defaults are a quick CPU configuration (small CNN, few rounds); the study
-    used ResNet-18, R = 100, E = 100, lr 1e-4."""
-
-    exp: Path
-    strategy: tuple[str, ...] = ("feder",)
-    rounds: int = ranged(10, 1, MAX_COUNT)
-    epochs: int = ranged(1, 1, MAX_COUNT)
-    init_epochs: int | None = ranged(None, 0, MAX_COUNT)  # default: epochs
-    lr: float = ranged(1e-3, 0, 1, low_open=True)
-    lr_schedule: LrSchedule = "constant"
-    batch: int = ranged(32, 1, MAX_BATCH)
-    node_batch: tuple[str, ...] = ()  # NODE=B overrides, e.g. montgomery=8 (the study's per-node sizes)
-    lam: float = ranged(0.5, 0, 1, why="lambda, the weight of the real-data loss")
-    mu: float = ranged(0.01, 0, 1000)
-    server_lr: float = ranged(1e-2, 0, 10, low_open=True)  # fedadam, fedyogi, fedadagrad (fl/server_optimizers.py)
-    beta1: float = ranged(0.9, 0, 1)
-    beta2: float = ranged(0.99, 0, 1)
-    tau: float = ranged(1e-3, 0, 10, low_open=True, why="it keeps the server step finite where the second moment is 0")
-    weighting: Weighting = "samples"
-    buffer_size: int | None = ranged(None, 0, MAX_COUNT)  # default: the whole buffer
-    buffer_codec: BufferCodec = "png"
-    model: tuple[str, ...] | str = ("cnn",)  # ARCH for every model, and NODE=ARCH: a node's own architecture
-    pretrained: bool = False
-    model_weights: Path | None = None
-    eval_every: int = ranged(1, 1, MAX_COUNT)
-    bootstrap: int = ranged(1000, 10, 100_000, why="resamples for the 95% intervals")
-    fold: int | None = ranged(None, 0, MAX_FOLDS - 1)
-    cv: bool = False
-    seed: int | None = ranged(None, 0, MAX_SEED)
-    device: Device = "auto"
-    engine: Engine = "inprocess"
-    launch: Launch = "none"
-    node: str | None = None  # distributed, one process per node: the node this process is
-    timeout: float = ranged(300.0, 0, 7 * 86400, low_open=True, why="seconds")  # per transfer or collective
-    cross_eval: bool = False
-    threads: int | None = ranged(None, 1, MAX_THREADS)
-    resume: bool = False
-    overwrite: bool = False
-
-    def __post_init__(self) -> None:
-        from fedcli.fl.strategies import POOLED, STRATEGIES
-
-        check_ranges(self)
-        object.__setattr__(self, "strategy", tuple(dict.fromkeys(self.strategy)))
-        for name in self.strategy:
-            if name not in STRATEGIES:
-                raise UserError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
-        if not self.strategy:
-            raise UserError("no --strategy given")
-        if self.fold is not None and self.cv:
-            raise UserError("--fold and --cv exclude each other: --cv already runs every fold")
-        if self.model_weights is not None and not Path(self.model_weights).is_file():
-            raise UserError(f"--model-weights {self.model_weights} does not exist")
-        object.__setattr__(self, "node_batch", tuple(self.node_batch))
-        self.batch_sizes()
-        object.__setattr__(self, "model", (self.model,) if isinstance(self.model, str) else tuple(self.model))
-        default, own = architectures(self.model)
-        moving = [name for name in self.strategy if name not in OWN_ARCHITECTURES]
-        if any(arch != default for arch in own.values()) and moving:
-            raise UserError(f"--model {' '.join(self.model)} gives nodes different architectures, which only "
-                            f"{' and '.join(OWN_ARCHITECTURES)} allow (their models never move or merge); {moving[0]} "
-                            "moves models: run it separately with one architecture")
-        if self.engine == "inprocess":
-            for name, value in (("launch", self.launch != "none"), ("node", self.node), ("cross-eval", self.cross_eval)):
-                if value:
-                    raise UserError(f"--{name} applies to --engine distributed (the in-process engine runs every "
-                                    "node and evaluates every model on every test set)")
-        if self.node is not None and self.launch == "local":
-            raise UserError("--node names the node of a process started by torchrun; --launch local assigns nodes "
-                            "itself, so drop --node")
-        pooled = [name for name in self.strategy if name in POOLED]
-        if self.engine == "distributed" and pooled:
-            raise UserError(f"{pooled[0]} pools every node's data in one place, so it has no distributed form; run it "
-                            "with --engine inprocess")
-
-    def server(self):
-        """The adaptive strategies' server optimiser settings."""
-        from fedcli.fl.server_optimizers import ServerSettings
-
-        return ServerSettings(lr=self.server_lr, beta1=self.beta1, beta2=self.beta2, tau=self.tau)
-
-    def batch_sizes(self) -> dict[str, int]:
-        """--node-batch NODE=B pairs as a dict."""
-        sizes = {}
-        for item in self.node_batch:
-            node, _, size = item.partition("=")
-            if not node or not (size.isascii() and size.isdigit()):
-                raise UserError(f"--node-batch {item!r} is not NODE=B with a positive integer B (e.g. montgomery=8)")
-            field_range(FederateConfig, "batch").check(f"--node-batch {node}=B", int(size))
-            sizes[node] = int(size)
-        return sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,11 +382,6 @@ Metric = Literal["accuracy", "balanced-accuracy", "f1", "auroc", "sensitivity", 
 METRIC_COLUMNS = {"accuracy": "accuracy", "balanced-accuracy": "balanced_accuracy", "f1": "f1_macro", "auroc": "auroc",
                   "sensitivity": "sensitivity", "specificity": "specificity", "ece": "ece"}
 LOWER_IS_BETTER = {"ece"}  # metrics.csv columns where the best value is the lowest
-
-ADAPTIVE = ("fedadam", "fedyogi", "fedadagrad")  # strategies with a server optimiser (fl/server_optimizers.py)
-SELECT_KEYS = ("rounds", "epochs", "lr", "mu", "server_lr")  # what a recipe's [select] grid may vary
-SELECT_ONLY_FOR = {"mu": {"fedprox"}, "server_lr": set(ADAPTIVE)}  # a grid key that changes nothing for other
-SERVER_ONLY = {"beta1": set(ADAPTIVE), "beta2": {"fedadam", "fedyogi"}, "tau": set(ADAPTIVE)}  # strategies collapses
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device
 from fedcli.errors import UserError
 from fedcli.fl.evaluate import predict
-from fedcli.fl.strategies import SHARED_MODELS, STRATEGIES
+from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import federate_dir
 from fedcli.models.classifier import build_classifier
 
@@ -60,8 +60,7 @@ def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensem
         out: Path | None = None, device: str = "auto", batch: int = 64, skip_bad: bool = False) -> Prediction:
     if node is not None and ensemble:
         raise UserError("--node and --ensemble exclude each other; pass one of them")
-    if strategy not in STRATEGIES:
-        raise UserError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    REGISTRY[strategy]  # an unknown name is refused here
     exp = Path(exp)
     manifest = Manifest.load(exp)
     folder = federate_dir(exp, strategy)
@@ -119,7 +118,7 @@ def choose_models(folder: Path, strategy: str, manifest: Manifest, node: str | N
         if node not in keys:
             raise UserError(f"{strategy} has no model {node!r}; choose --node from {', '.join(keys)}")
         return node, [node]
-    shared = [k for k in SHARED_MODELS if k in keys]
+    shared = [k for k in REGISTRY.shared_model_keys() if k in keys]
     if shared or len(keys) == 1:
         return (shared or keys)[0], [(shared or keys)[0]]
     raise UserError(f"{strategy} has one model per node; pass --node with one of {', '.join(keys)}, or --ensemble")

@@ -99,6 +99,12 @@ def tiny_gan_exp(tmp_path_factory, nodes: int, *options: str) -> Path:
     return exp
 
 
+@pytest.fixture(scope="session")
+def gan3_exp(tmp_path_factory) -> Path:
+    """One tiny-GAN experiment of three nodes for every federate test module; tests copy it before writing."""
+    return tiny_gan_exp(tmp_path_factory, nodes=3)
+
+
 def copy_exp(src: Path, tmp_path: Path) -> Path:
     """A private copy of a shared experiment, for tests that change it."""
     dst = tmp_path / "exp"

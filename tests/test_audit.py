@@ -14,15 +14,16 @@ from conftest import TINY_GAN, copy_exp, tiny_gan_exp
 from dataclasses import replace
 
 from fedcli.audit import controls, effects, scores
-from fedcli.audit.groups import matched_groups
-from fedcli.audit.projection import ProjectionSettings, class_mean_w, project
+from fedcli.audit.projection import ProjectionSettings, project
 from fedcli.audit.stage import Audited, check_inputs, summarize, tiny_node_control, verdict
 from fedcli.config import AuditConfig
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.data.sources.digits import load_digit_images
-from fedcli.gan.networks import Architecture, Generator
+from fedcli.gan.kinds import recorded_kind
+from fedcli.gan.networks import Architecture, Generator, class_mean_w
 from fedcli.gan.perceptual import Perceptual
+from fedcli.replay.groups import matched_groups
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def test_a_generator_that_ignores_the_data_gives_chance_auroc(perceptual):
                         channel_max=16)
     generator = Generator(arch).requires_grad_(False)
     targets = torch.cat([digits(200), digits(200, offset=1000)])
-    means, spread = class_mean_w(generator, [0], 256, torch.Generator().manual_seed(1))
+    means, spread = class_mean_w(generator, 16, [0], 256, torch.Generator().manual_seed(1))
     w_start = means[0].expand(400, -1)
     distances, _ = project_all(lambda w: generator.synthesis(w, noise_mode="const"), targets, w_start, perceptual,
                                steps=8, spread=spread)
@@ -77,14 +78,14 @@ def test_a_generator_that_ignores_the_data_gives_chance_auroc(perceptual):
 
 
 def test_projection_recovers_an_image_the_generator_made(perceptual, tmp_path_factory):
-    from fedcli.gan.stage import load_generator
+    from fedcli.gan.kinds import load_generator
     from fedcli.layout import GENERATOR, gan_dir
 
     exp = tiny_gan_exp(tmp_path_factory, nodes=2)
     config = json.loads((gan_dir(exp, "node0") / "config.json").read_text())
-    generator = load_generator(gan_dir(exp, "node0"), GENERATOR, Architecture(**config["architecture"]))
+    generator = load_generator(gan_dir(exp, "node0"), GENERATOR, config)
     generator.requires_grad_(False)
-    means, spread = class_mean_w(generator, [3], 256, torch.Generator().manual_seed(0))
+    means, spread = class_mean_w(generator, 16, [3], 256, torch.Generator().manual_seed(0))
     with torch.no_grad():
         w_true = generator.mapping(torch.randn(8, 16, generator=torch.Generator().manual_seed(5)),
                                    torch.full((8,), 3, dtype=torch.long))
@@ -279,8 +280,8 @@ def test_the_tiny_node_control_sees_a_generator_that_memorised_its_images(audit_
     position = {r["id"]: i for i, r in enumerate(train.records)}
     members = to_float(train.images[[position[i] for i in inputs.saved["tiny"]["member_ids"]]])
     networks = (Perceptual("alex"), Perceptual("alex", random_seed=1))
-    arch = inputs.generators["standard"].arch
-    memorised = tiny_node_control(cfg, replace(inputs, tiny=controls.memoriser(members, arch, 0, "node0")), train,
+    sizes = recorded_kind(inputs.saved).latent_sizes(inputs.saved)
+    memorised = tiny_node_control(cfg, replace(inputs, tiny=controls.memoriser(members, sizes, 0, "node0")), train,
                                   test, networks, 0, "node0", "cpu")
     assert memorised["holds"] and memorised["auroc_difference"]["ci_low"] > 0
 
@@ -374,11 +375,11 @@ def test_an_images_projection_does_not_depend_on_its_batch_or_companions(percept
     targets = digits(4, size=16).double()
     w_start = torch.zeros(4, 8, dtype=torch.float64)
     settings = ProjectionSettings(steps=12, lr=0.1)
-    layers = generator.noise_layers if optimize_noise else None
+    shapes = generator.noise_shapes() if optimize_noise else None
 
     def run(order):
-        result = project(lambda w, noise=None: generator.synthesis(w, noise_mode="const", noise=noise),
-                         targets[order], w_start[order], lpips64, settings, streams(order), 0.5, layers)
+        result = project(generator.render, targets[order], w_start[order], lpips64, settings, streams(order), 0.5,
+                         shapes)
         return {k: (result.lpips[i], result.w[i]) for i, k in enumerate(order)}
 
     together, reversed_, alone = run([0, 1, 2, 3]), run([3, 2, 1, 0]), run([2])

@@ -9,25 +9,26 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import copy_exp, tiny_gan_exp
+from conftest import copy_exp
 from test_predict import write_test_pngs
 from fedcli.artifacts import load_tensors
-from fedcli.config import FederateConfig
 from fedcli.data.manifest import Manifest
-from fedcli.fl import stage, topology
+from fedcli.fl import engine, stage, topology
 from fedcli.fl.batchnorm_check import COLUMNS as BN_COLUMNS
 from fedcli.fl.checkpoint import CheckpointMismatch
-from fedcli.fl.engine import Federation
+from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.node_data import NodeImages
 from fedcli.fl.payloads import encode_buffer, encode_model
-from fedcli.fl.strategies import make_strategy
+from fedcli.fl.runs import load_buffer
+from fedcli.fl.strategies import REGISTRY
 from fedcli.models.classifier import batchnorm_keys
 
 FAST = ["--rounds", "2", "--epochs", "1", "--bootstrap", "20"]
 
 
 @pytest.fixture(scope="module")
-def fl_exp(tmp_path_factory):
-    return tiny_gan_exp(tmp_path_factory, nodes=3)
+def fl_exp(gan3_exp):
+    return gan3_exp
 
 
 def metrics(exp, strategy):
@@ -45,25 +46,27 @@ def test_fedprox_with_mu_zero_equals_fedavg_weight_for_weight(cli, fl_exp, tmp_p
     assert not all(torch.equal(avg[k], other[k]) for k in avg)
 
 
-def federation(exp, model="cnn", init_epochs=1):
+def federation(exp, model="cnn", init_epochs=1, **options):
     manifest = Manifest.load(exp)
-    return Federation(manifest, lambda node: stage.load_buffer(exp, manifest, node, None, "test"), seed=0,
-                      model=model, epochs=1, init_epochs=init_epochs, lr=1e-3, batch=32, lam=0.5, bootstrap=20)
+    cfg = FederateConfig(exp=exp, model=(model,), epochs=1, init_epochs=init_epochs, lr=1e-3, batch=32, bootstrap=20,
+                         **options)
+    buffers = {node: load_buffer(exp, manifest, node, None, "test") for node in manifest.node_names}
+    return engine.build(cfg, manifest, 0, buffers=buffers)
 
 
 def test_fedbn_keeps_every_batchnorm_tensor_local_and_differs_from_fedavg(fl_exp):
     fed = federation(fl_exp, model="resnet18", init_epochs=0)  # round 1 alone shows what stays local
-    fedbn = make_strategy("fedbn", 0.0, 0)
+    fedbn = REGISTRY.build("fedbn", {})
     fedbn.setup(fed)
     after_local = {}
-    original = fed.train_local
+    original = fed.trainer.train
 
-    def spy(model, key, round_, *args, **kwargs):
-        steps = original(model, key, round_, *args, **kwargs)
+    def spy(model, key, round_, primary, replay, epochs, objective=None):
+        steps = original(model, key, round_, primary, replay, epochs, objective)
         after_local[key] = {k: v.clone() for k, v in model.state_dict().items()}
         return steps
 
-    fed.train_local = spy
+    fed.trainer.train = spy
     fedbn.run_round(fed, 1)
     bn = batchnorm_keys(fedbn.global_model)
     assert any("downsample" in k for k in bn)
@@ -76,8 +79,8 @@ def test_fedbn_keeps_every_batchnorm_tensor_local_and_differs_from_fedavg(fl_exp
     assert not torch.equal(personal["node0"]["bn1.weight"], personal["node1"]["bn1.weight"])
     sent = {(t.kind, t.receiver) for t in fed.transport.transfers}
     assert sent == {("all-reduce", "all")}  # no server, in process as between processes
-    fed.train_local = original
-    fedavg = make_strategy("fedavg", 0.0, 0)
+    fed.trainer.train = original
+    fedavg = REGISTRY.build("fedavg", {})
     fedavg.setup(fed)
     fedavg.run_round(fed, 1)
     averaged = fedavg.global_model.state_dict()
@@ -90,20 +93,21 @@ def test_averaging_weights_nodes_equally_or_by_their_train_size(cli, tmp_path, w
     (equal) or their 1:3 mean (samples)."""
     exp = tmp_path / "exp"
     cli.ok("partition", "--nodes", "2", "--image-size", "16", "--exp", exp)
-    fed = Federation(Manifest.load(exp), lambda node: None, seed=0, model="cnn", epochs=1, init_epochs=0, lr=1e-3,
-                     batch=50, lam=0.5, bootstrap=20, weighting=weighting)
+    cfg = FederateConfig(exp=exp, model=("cnn",), epochs=1, init_epochs=0, lr=1e-3, batch=50, bootstrap=20,
+                         weighting=weighting)
+    fed = engine.build(cfg, Manifest.load(exp), 0)
     for node, size in zip(fed.nodes, (100, 300)):
-        source = fed.train[node]
-        fed.train[node] = type(source)(source.images[:size], source.labels[:size])
-    trained, original = {}, fed.train_local
+        source = fed.data.train[node]
+        fed.data.train[node] = type(source)(source.images[:size], source.labels[:size])
+    trained, original = {}, fed.trainer.train
 
-    def keep(model, key, *args, **kwargs):
-        steps = original(model, key, *args, **kwargs)
+    def keep(model, key, round_, primary, replay, epochs, objective=None):
+        steps = original(model, key, round_, primary, replay, epochs, objective)
         trained[key] = {k: v.clone() for k, v in model.state_dict().items()}
         return steps
 
-    fed.train_local = keep
-    fedavg = make_strategy("fedavg", 0.0, 0)
+    fed.trainer.train = keep
+    fedavg = REGISTRY.build("fedavg", {})
     fedavg.setup(fed)
     fedavg.run_round(fed, 1)
     a, b = (trained[node] for node in fed.nodes)
@@ -118,21 +122,21 @@ def test_averaging_strategies_train_round_0_as_feder_does(fl_exp):
     FedER trains its M^0, so both take init_epochs + R x E epochs of steps on the real images."""
     fed = federation(fl_exp)
     steps = {}
-    original = fed.train_local
+    original = fed.trainer.train
 
-    def count(model, key, round_, *args, **kwargs):
-        n = original(model, key, round_, *args, **kwargs)
-        steps[(kwargs.get("epochs"), round_, key)] = n
+    def count(model, key, round_, primary, replay, epochs, objective=None):
+        n = original(model, key, round_, primary, replay, epochs, objective)
+        steps[(epochs, round_, key)] = n
         return n
 
-    fed.train_local = count
-    strategies = {name: make_strategy(name, 0.0, 0) for name in ("fedavg", "feder")}
+    fed.trainer.train = count
+    strategies = {name: REGISTRY.build(name, {"buffer_size": 0}) for name in ("fedavg", "feder")}
     for name, strategy in strategies.items():
         steps.clear()
         strategy.setup(fed)
-        assert {(epochs, round_) for epochs, round_, _ in steps} == {(fed.init_epochs, 0)}, name
+        assert {(epochs, round_) for epochs, round_, _ in steps} == {(fed.trainer.init_epochs, 0)}, name
         assert {key for *_, key in steps} == set(fed.nodes)
-    untrained = fed.new_model("global").state_dict()["head.weight"]
+    untrained = fed.trainer.new_model("global").state_dict()["head.weight"]
     assert not torch.equal(strategies["fedavg"].global_model.state_dict()["head.weight"], untrained)
 
 
@@ -147,20 +151,18 @@ def test_a_cosine_learning_rate_falls_to_zero_over_every_strategys_whole_budget(
             lrs.append(self.param_groups[0]["lr"])
             return super().step(closure)
     monkeypatch.setattr(torch.optim, "Adam", Recording)
-    manifest = Manifest.load(fl_exp)
-    fed = Federation(manifest, lambda node: stage.load_buffer(fl_exp, manifest, node, None, "test"), seed=0,
-                     model="cnn", epochs=1, init_epochs=2, lr=1e-3, batch=32, lam=0.5, rounds=2, lr_schedule=schedule)
-    original, per_key = fed.train_local, {}
+    fed = federation(fl_exp, init_epochs=2, rounds=2, lr_schedule=schedule)
+    original, per_key = fed.trainer.train, {}
 
-    def record(model, key, round_, *args, **kwargs):
+    def record(model, key, round_, primary, replay, epochs, objective=None):
         lrs.clear()
-        n = original(model, key, round_, *args, **kwargs)
+        n = original(model, key, round_, primary, replay, epochs, objective)
         per_key.setdefault(key, []).extend(lrs)
         return n
-    fed.train_local = record
+    fed.trainer.train = record
     for name, key in (("feder", "node0"), ("fedavg", "node1"), ("central", "central")):
         per_key.clear()
-        strategy = make_strategy(name, 0.0, 0 if name != "feder" else 10**6)
+        strategy = REGISTRY.build(name, {})  # FedER replays its whole buffer
         strategy.setup(fed)
         for round_ in (1, 2):
             strategy.run_round(fed, round_)
@@ -181,7 +183,7 @@ def test_feder_a_never_sends_models_and_feder_sends_measured_bytes(cli, fl_exp, 
     assert set(comm[comm.kind == "model"]["bytes"]) == {len(encode_model(model_state))}
     manifest = Manifest.load(exp)
     for node in manifest.node_names:
-        buffer = stage.load_buffer(exp, manifest, node, None, "feder")
+        buffer = load_buffer(exp, manifest, node, None, "feder")
         sent = comm[(comm.kind == "buffer") & (comm.sender == node)]["bytes"]
         assert set(sent) == {len(encode_buffer(buffer.images, buffer.labels, "png"))}
     for round_, group in comm.groupby("round"):
@@ -191,22 +193,22 @@ def test_feder_a_never_sends_models_and_feder_sends_measured_bytes(cli, fl_exp, 
 
 def test_feder_b_never_reads_real_training_images(fl_exp, monkeypatch):
     fed = federation(fl_exp)
-    original = Federation._source
+    original = NodeImages.get
 
     def guarded(self, node, split, folds):
         assert split == "test", "FedER-B read real training data"
         return original(self, node, split, folds)
 
-    monkeypatch.setattr(Federation, "_source", guarded)
-    strategy = make_strategy("feder-b", 0.0, 30)
+    monkeypatch.setattr(NodeImages, "get", guarded)
+    strategy = REGISTRY.build("feder-b", {"buffer_size": 30})
     strategy.setup(fed)
     strategy.run_round(fed, 1)
-    assert not dict(fed.train)
+    assert not dict(fed.data.train)
 
 
 def test_a_received_model_shares_no_storage_with_the_sender(fl_exp):
     fed = federation(fl_exp)
-    strategy = make_strategy("feder", 0.0, 30)
+    strategy = REGISTRY.build("feder", {"buffer_size": 30})
     strategy.setup(fed)
     before = {p.data_ptr() for m in strategy.models().values() for p in m.parameters()}
     strategy.run_round(fed, 1)
@@ -272,32 +274,33 @@ def test_the_batchnorm_diagnostic_tells_stale_statistics_from_the_weights(fl_exp
     """Statistics that no longer fit the weights sink the stored accuracy; re-estimating them, weights
     untouched, recovers it. FedER's as-trained batches are its real images plus the buffer it received."""
     fed = federation(fl_exp)
-    standalone = make_strategy("standalone", 0.0, 0)
+    standalone = REGISTRY.build("standalone", {})
     standalone.setup(fed)
     for round_ in (1, 2, 3):  # trained long enough for its own statistics to fit its weights
         standalone.run_round(fed, round_)
     models = standalone.models()
-    healthy = {r["test_node"]: r["accuracy"] for r in fed.evaluate("standalone", 1, models)
+    healthy = {r["test_node"]: r["accuracy"] for r in fed.evaluator.evaluate("standalone", 1, models)
                if r["model_node"] == r["test_node"]}
     for model in models.values():
         for layer in model.modules():
             if isinstance(layer, torch.nn.BatchNorm2d):
                 layer.running_mean.add_(5.0)
     before = {key: {k: v.clone() for k, v in model.state_dict().items()} for key, model in models.items()}
-    rows = [r for r in fed.evaluate("standalone", 1, models, lambda node: standalone.trained_on(fed, node))
+    rows = [r for r in fed.evaluator.evaluate("standalone", 1, models, lambda node: standalone.trained_on(fed, node))
             if r["model_node"] == r["test_node"]]
     for r in rows:
         assert healthy[r["test_node"]] > 0.8 and r["accuracy"] < healthy[r["test_node"]] - 0.3
         assert r["accuracy_refreshed"] > healthy[r["test_node"]] - 0.1
     assert all(torch.equal(value, before[key][name]) for key, model in models.items()
                for name, value in model.state_dict().items())  # the diagnostic never changes the models
-    feder = make_strategy("feder", 0.0, 30)
+    feder = REGISTRY.build("feder", {"buffer_size": 30})
     feder.setup(fed)
     feder.run_round(fed, 1)
     predecessor = topology.predecessors(topology.random_ring(fed.nodes, fed.seed, 1))
     for node in fed.nodes:
         primary, replay = feder.trained_on(fed, node)
-        assert primary is fed.train[node] and torch.equal(replay.images, fed.buffers[predecessor[node]].images)
+        assert primary is fed.data.train[node] and torch.equal(replay.images,
+                                                                fed.data.buffers[predecessor[node]].images)
 
 
 def test_cross_validation_uses_train_folds_only(cli, fl_exp, tmp_path):
@@ -345,11 +348,13 @@ def test_missing_manifest_missing_and_stale_buffers(cli, fl_exp, tmp_path):
 
 def test_node_batch_sizes_set_each_node_steps(fl_exp):
     manifest = Manifest.load(fl_exp)
-    fed = Federation(manifest, lambda node: None, seed=0, model="cnn", epochs=1, init_epochs=1, lr=1e-3, batch=32,
-                     lam=0.5, node_batch={"node0": 8})
-    n0, n1 = len(fed.train["node0"]), len(fed.train["node1"])
-    assert fed.train_local(fed.new_model("node0"), "node0", 1, fed.train["node0"], None, epochs=1) == -(-n0 // 8)
-    assert fed.train_local(fed.new_model("node1"), "node1", 1, fed.train["node1"], None, epochs=1) == -(-n1 // 32)
+    cfg = FederateConfig(exp=fl_exp, model=("cnn",), epochs=1, init_epochs=1, lr=1e-3, batch=32,
+                         node_batch=("node0=8",))
+    fed = engine.build(cfg, manifest, 0)
+    train, trainer = fed.data.train, fed.trainer
+    n0, n1 = len(train["node0"]), len(train["node1"])
+    assert trainer.train(trainer.new_model("node0"), "node0", 1, train["node0"], None, epochs=1) == -(-n0 // 8)
+    assert trainer.train(trainer.new_model("node1"), "node1", 1, train["node1"], None, epochs=1) == -(-n1 // 32)
 
 
 def test_bad_node_batch(cli, fl_exp, tmp_path):

@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from fedcli.fl import topology
 from fedcli.fl.batchnorm_check import reestimated
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl.local import LocalSettings, proximal_term, replay_loss, train_local
+from fedcli.fl.local import Batches, LocalSettings, train_local
+from fedcli.fl.objectives import Batch, Supervised, replay_loss
 from fedcli.fl.payloads import PayloadError, decode_buffer, decode_model, encode_buffer, encode_model
+from fedcli.fl.strategies.fedprox import proximal_term
 from fedcli.fl.transport import weighted_average
 from fedcli.models.classifier import SmallCNN, batchnorm_keys, build_classifier
 
@@ -62,7 +64,8 @@ def test_replay_batches_hold_b_real_and_b_buffer_images_and_the_loss_is_the_lamb
     seen = []
     torch.manual_seed(0)
     model = SmallCNN(1, 3)
-    steps = train_local(model, real, buffer, LocalSettings(epochs=2, lr=1e-3, batch=8), torch.Generator().manual_seed(0),
+    settings = LocalSettings(epochs=2, lr=1e-3, batch=8)
+    steps = train_local(model, Batches(real, buffer, settings, torch.Generator().manual_seed(0)), settings,
                         on_batch=lambda x, y, n: seen.append((len(y), n)))
     assert steps == 2 * math.ceil(50 / 8)  # as many steps as training without replay
     assert all(n_total == 2 * n for n_total, n in seen)
@@ -70,6 +73,10 @@ def test_replay_batches_hold_b_real_and_b_buffer_images_and_the_loss_is_the_lamb
     logits, labels = torch.randn(16, 3), torch.randint(0, 3, (16,))
     expected = 0.3 * F.cross_entropy(logits[:8], labels[:8]) + 0.7 * F.cross_entropy(logits[8:], labels[8:])
     assert torch.allclose(replay_loss(logits, labels, 8, 0.3), expected)
+    linear = torch.nn.Linear(3, 3)  # identity: the supervised objective (the local loop's default) is that mix
+    with torch.no_grad():
+        linear.weight.copy_(torch.eye(3)), linear.bias.zero_()
+    assert torch.allclose(Supervised(0.3).loss(linear, Batch(logits, labels, 8)), expected)
 
 
 def test_buffer_is_cycled_without_replacement():
@@ -81,7 +88,8 @@ def test_buffer_is_cycled_without_replacement():
     def record(x, y, n):
         drawn.extend(((x[n:, 0, 0, 0] + 1) * 127.5).round().long().tolist())
 
-    train_local(SmallCNN(1, 1), real, buffer, LocalSettings(epochs=1, lr=1e-3, batch=5), torch.Generator().manual_seed(1),
+    settings = LocalSettings(epochs=1, lr=1e-3, batch=5)
+    train_local(SmallCNN(1, 1), Batches(real, buffer, settings, torch.Generator().manual_seed(1)), settings,
                 on_batch=record)
     assert sorted(drawn[:10]) == list(range(10)) and sorted(drawn[10:20]) == list(range(10))
 

@@ -277,7 +277,7 @@ def test_privacy_phase_moves_samples_away_from_memorisable_reals(perceptual):
                                                     (64, 8, 0.1024)])
 def test_r1_gamma_auto_is_the_stylegan2_ada_heuristic(tmp_path, resolution, batch, gamma):
     from fedcli.config import GanConfig
-    from fedcli.gan.stage import settings
+    from fedcli.gan.stylegan2 import settings
 
     resolved = settings(GanConfig(exp=tmp_path, r1_gamma="auto", batch=batch), resolution)
     assert resolved.r1_gamma == pytest.approx(gamma, rel=1e-12)

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import Cli, copy_exp, make_folders, record_case
 from fedcli.artifacts import remove_leftovers
-from fedcli.config import FederateConfig
-from fedcli.fl import stage
+from fedcli.fl import engine, stage
+from fedcli.fl.federate_config import FederateConfig
 from fedcli.locking import TOKEN, TOKEN_ENV, Busy, Locked, lock_path, locked, take
 from test_distributed import DISTRIBUTED
 
@@ -83,7 +83,7 @@ def one_line(result) -> str:
 def no_training(monkeypatch) -> None:
     def trained(*args, **kwargs):
         raise AssertionError("federate trained before refusing")
-    monkeypatch.setattr(stage, "run_rounds", trained)
+    monkeypatch.setattr(engine, "run_rounds", trained)  # the round loop of both engines
 
 
 def test_a_second_federate_is_refused_at_once_and_a_killed_holder_leaves_no_lock_only_leftovers(

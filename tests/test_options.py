@@ -19,6 +19,7 @@ from fedcli import config
 from fedcli.artifacts import sha256_bytes
 from fedcli.cli import app
 from fedcli.errors import UserError
+from fedcli.fl.federate_config import FederateConfig
 
 RECIPE = '[partition]\nnodes = 2\nimage-size = 16\n\n[federate]\nstrategy = ["fedavg"]\n'
 HUGE = {int: str(10**20), float: "1e300"}
@@ -55,7 +56,10 @@ def numeric_options() -> list[tuple[str, str, type]]:
 
 
 def config_classes() -> list[type]:
-    return [obj for name, obj in vars(config).items() if name.endswith("Config") and dataclasses.is_dataclass(obj)]
+    """Every stage's config: those of config.py, and federate's (fl/federate_config.py: its strategy options come
+    from the strategy registry)."""
+    return [obj for name, obj in vars(config).items() if name.endswith("Config") and dataclasses.is_dataclass(obj)
+            ] + [FederateConfig]
 
 
 def numeric_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
@@ -227,5 +231,5 @@ def stand_in(path: Path, cfg) -> None:
 def test_threads_of_a_stage_are_recorded_in_its_config_json(cli, tmp_path):
     cli.ok("partition", "--nodes", "2", "--image-size", "16", "--threads", "1", "--exp", tmp_path / "exp")
     assert json.loads((tmp_path / "exp" / "partition" / "config.json").read_text())["config"]["threads"] == 1
-    for cls in (config.GanConfig, config.FederateConfig, config.AuditConfig):  # their config.json is to_json(cfg)
+    for cls in (config.GanConfig, FederateConfig, config.AuditConfig):  # their config.json is to_json(cfg)
         assert config.to_json(cls(exp=tmp_path, threads=3))["threads"] == 3

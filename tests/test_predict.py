@@ -10,8 +10,9 @@ from PIL import Image
 from conftest import Cli, make_folders, record_case
 from fedcli.artifacts import load_tensors
 from fedcli.data.manifest import Manifest
-from fedcli.fl.engine import Federation
+from fedcli.fl import engine
 from fedcli.fl.evaluate import predict
+from fedcli.fl.federate_config import FederateConfig
 from fedcli.predict import decode
 from test_decoding import RAMP16, bomb_png, file_bytes, monotone
 
@@ -31,19 +32,20 @@ def exp(tmp_path_factory):
 def evaluation_probs(exp, strategy: str, key: str, node: str) -> np.ndarray:
     """What federate's evaluation computes for model `key` on `node`'s test set."""
     manifest = Manifest.load(exp)
-    fed = Federation(manifest, lambda n: None, seed=manifest["seed"], model="cnn", epochs=1, init_epochs=1,
-                     lr=1e-3, batch=32, lam=0.5)
-    model = fed.new_model(key)
+    fed = engine.build(federation_config(exp), manifest, manifest["seed"])
+    model = fed.trainer.new_model(key)
     model.load_state_dict(load_tensors(exp / "federate" / strategy / "models" / f"{key}.safetensors", "model"))
-    return predict(model, fed.test[node].images)
+    return predict(model, fed.data.test[node].images)
+
+
+def federation_config(exp) -> FederateConfig:
+    return FederateConfig(exp=exp, model=("cnn",), epochs=1, init_epochs=1, lr=1e-3, batch=32)
 
 
 def write_test_pngs(exp, node: str, folder, mode: str = "L"):
     """A node's test images as PNG files in per-class subfolders; returns relative path -> test index."""
     manifest = Manifest.load(exp)
-    fed = Federation(manifest, lambda n: None, seed=0, model="cnn", epochs=1, init_epochs=1, lr=1e-3, batch=32,
-                     lam=0.5)
-    test = fed.test[node]
+    test = engine.build(federation_config(exp), manifest, 0).data.test[node]
     index = {}
     for i, (image, label) in enumerate(zip(test.images, test.labels)):
         rel = f"{manifest['label_names'][label]}/img_{i:04d}.png"

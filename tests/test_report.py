@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from fedcli.config import METRIC_COLUMNS, ReportConfig
+from fedcli.fl.strategies import REGISTRY
 from fedcli.report import build, figures, study
 from fedcli.report.collect import Stat, by_dp_setting, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
@@ -73,9 +74,12 @@ def write_metrics(folder: Path, strategy: str, final: dict[tuple[str, str], floa
 
 def write_run(folder: Path, strategy: str, final: dict, rounds: int = 2, epochs: int = 1, fold: int | None = None,
               buffer_size: int | None = None, comm: list[tuple] | None = None) -> None:
-    """One strategy's federate output folder (final run or cross-validation fold)."""
+    """One strategy's federate output folder (final run or cross-validation fold). Its config records the shared
+    options and only the options its strategy declares, as federate's config.json does."""
     write_metrics(folder, strategy, final, rounds)
-    config = {"exp": "x", "rounds": rounds, "epochs": epochs, "lr": 0.001, "mu": 0.01, "buffer_size": buffer_size,
+    declared = {f.name for f in REGISTRY[strategy].option_fields()}
+    options = {k: v for k, v in {"mu": 0.01, "buffer_size": buffer_size}.items() if k in declared}
+    config = {"exp": "x", "rounds": rounds, "epochs": epochs, "lr": 0.001, **options,
               "fold": fold, "cv": fold is not None, "seed": 0, "strategy": strategy, "inputs": {}}
     write_json(folder / "config.json", {"stage": "federate", "fedcli_version": "0.1.0", "seed": 0, "config": config,
                                         "inputs": {}})

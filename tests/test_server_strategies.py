@@ -1,26 +1,29 @@
-"""FedAdam, FedYogi, FedAdagrad and Scaffold: their update rules by hand, their reductions to FedAvg, their
-state across a resume, their traffic, and the distributed engine's agreement with the in-process one."""
+"""FedAdam, FedYogi, FedAdagrad and Scaffold: their update rules by hand (FedAdam's optional bias correction
+too), their reductions to FedAvg, their state across a resume and their traffic (the distributed engine's
+agreement with the in-process one: test_strategy_registry.py)."""
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 import pytest
 import torch
 
-from fedcli.artifacts import load_tensors
-from fedcli.config import FederateConfig
 from fedcli.data.manifest import Manifest
-from fedcli.fl import stage
-from fedcli.fl.engine import Federation
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl.local import LocalSettings, train_local
-from fedcli.fl.server_optimizers import ServerOptimizer, ServerSettings
-from fedcli.fl.strategies import make_strategy
+from fedcli.fl import engine, stage
+from fedcli.fl.engine import Federation
+from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.local import Batches, LocalSettings, train_local
+from fedcli.fl.objectives import Supervised
+from fedcli.fl.server_optimizers import ServerOptimizer
+from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.scaffold import Corrected
 from fedcli.fl.transport import all_reduce_bytes
 from fedcli.models.classifier import build_classifier
 from fedcli.rng import torch_stream
 
-NEW = ("fedadam", "fedyogi", "fedadagrad", "scaffold")
 ONE_THREAD = ["--threads", "1"]
 
 
@@ -34,13 +37,19 @@ def exp(tmp_path_factory):
 
 
 def federation(exp, batch=32, init_epochs=1, rounds=2) -> Federation:
-    return Federation(Manifest.load(exp), lambda node: None, seed=0, model="cnn", epochs=1, init_epochs=init_epochs,
-                      lr=1e-3, batch=batch, lam=0.5, bootstrap=20, rounds=rounds)
+    cfg = FederateConfig(exp=exp, model=("cnn",), epochs=1, init_epochs=init_epochs, lr=1e-3, batch=batch,
+                         bootstrap=20, rounds=rounds)
+    return engine.build(cfg, Manifest.load(exp), 0)
+
+
+def server_options(rule, lr, beta1, beta2, tau):
+    """`rule`'s options dataclass with these server settings (FedAdagrad declares no beta2)."""
+    return REGISTRY.resolved_options(rule, {"server_lr": lr, "beta1": beta1, "beta2": beta2, "tau": tau})
 
 
 def global_after(exp, name, rounds=1, **options) -> dict[str, torch.Tensor]:
     fed = federation(exp)
-    strategy = make_strategy(name, 0.0, 0, ServerSettings(**options))
+    strategy = REGISTRY.build(name, {"server_lr": options.pop("lr", None), **options})
     strategy.setup(fed)
     for round_ in range(1, rounds + 1):
         strategy.run_round(fed, round_)
@@ -62,8 +71,8 @@ def test_with_both_betas_0_fedadam_takes_a_signed_step_not_fedavgs():
     """The issue's reduction (lr 1, betas 0) does not hold: m = delta, v = delta^2, so the step is
     lr delta / (|delta| + tau), nearly lr in the sign of delta, whatever delta's size."""
     x, average = torch.tensor([0.0, 1.0, -2.0]), torch.tensor([0.5, 0.9, -1.0])
-    step = ServerOptimizer("fedadam", ServerSettings(lr=1.0, beta1=0.0, beta2=0.0, tau=1e-3)).step({"w": x},
-                                                                                                   {"w": average})
+    step = ServerOptimizer("fedadam", server_options("fedadam", 1.0, 0.0, 0.0, 1e-3)).step({"w": x},
+                                                                                            {"w": average})
     delta = average - x
     assert torch.allclose(step["w"], x + delta / (delta.abs() + 1e-3))
     assert not torch.allclose(step["w"], average, atol=0.1)
@@ -72,7 +81,7 @@ def test_with_both_betas_0_fedadam_takes_a_signed_step_not_fedavgs():
 @pytest.mark.parametrize("rule", ["fedadagrad", "fedyogi", "fedadam"])
 def test_second_moment_rules_match_a_hand_computation_on_two_steps(rule):
     lr, beta1, beta2, tau = 0.1, 0.9, 0.99, 1e-3
-    optimizer = ServerOptimizer(rule, ServerSettings(lr=lr, beta1=beta1, beta2=beta2, tau=tau))
+    optimizer = ServerOptimizer(rule, server_options(rule, lr, beta1, beta2, tau))
     x0 = [0.5, -1.0, 2.0]
     averages = ([0.7, -1.2, 2.0], [0.6, -0.5, 1.0])  # the nodes' average after each round's training
     m, v, x = [0.0] * 3, [0.0] * 3, list(x0)
@@ -101,8 +110,9 @@ def test_a_scaffold_correction_moves_each_weight_by_lr_times_it_after_the_step()
     models = [build_classifier("cnn", 1, 2, 0) for _ in range(2)]
     correction = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(1))
                   for k, v in models[1].named_parameters()}
-    for model, corr in zip(models, (None, correction)):
-        assert train_local(model, source, None, settings, torch_stream(0, "t"), correction=corr) == 1
+    for model, objective in zip(models, (Supervised(), Corrected(Supervised(), correction))):
+        assert train_local(model, Batches(source, None, settings, torch_stream(0, "t")), settings,
+                           objective=objective) == 1
     plain, corrected = (dict(m.named_parameters()) for m in models)
     for k in correction:
         assert torch.allclose(corrected[k], plain[k] - 0.01 * correction[k], atol=1e-6), k
@@ -114,9 +124,10 @@ def test_scaffold_with_zero_control_variates_and_one_local_step_is_fedavg(exp):
     results = {}
     for name in ("fedavg", "scaffold"):
         fed = federation(exp, batch=4096, init_epochs=0)
-        strategy = make_strategy(name, 0.0, 0)
+        strategy = REGISTRY.build(name, {})
         strategy.setup(fed)
-        assert fed.train_local(fed.new_model("x"), "node0", 1, fed.train["node0"], None, epochs=1) == 1
+        trainer = fed.trainer
+        assert trainer.train(trainer.new_model("x"), "node0", 1, fed.data.train["node0"], None, epochs=1) == 1
         strategy.run_round(fed, 1)
         results[name] = strategy.global_model.state_dict()
     assert all(torch.equal(results["fedavg"][k], results["scaffold"][k]) for k in results["fedavg"])
@@ -126,23 +137,23 @@ def test_scaffold_control_variates_follow_option_ii_by_hand(exp):
     """Round 2 from round 1's control variates: c_i+ = c_i - c + (x - y_i) / (K lr) for each node's K steps at a
     constant lr, and c+ the train-size-weighted mean of the c_i+."""
     fed = federation(exp, batch=64)
-    scaffold = make_strategy("scaffold", 0.0, 0)
+    scaffold = REGISTRY.build("scaffold", {})
     scaffold.setup(fed)
     scaffold.run_round(fed, 1)
     before_c = {k: v.clone() for k, v in scaffold.control.items()}
     before_ci = {n: {k: v.clone() for k, v in c.items()} for n, c in scaffold.node_control.items()}
     x = {k: v.detach().clone() for k, v in scaffold.global_model.named_parameters()}
     assert any(v.abs().sum() > 0 for v in before_c.values())
-    trained, steps, original = {}, {}, fed.train_local
+    trained, steps, original = {}, {}, fed.trainer.train
 
-    def spy(model, key, *args, **kwargs):
-        steps[key] = original(model, key, *args, **kwargs)
+    def spy(model, key, round_, primary, replay, epochs, objective=None):
+        steps[key] = original(model, key, round_, primary, replay, epochs, objective)
         trained[key] = {k: v.detach().clone() for k, v in model.named_parameters()}
         return steps[key]
 
-    fed.train_local = spy
+    fed.trainer.train = spy
     scaffold.run_round(fed, 2)
-    sizes = {node: len(fed.train[node]) for node in fed.nodes}
+    sizes = {node: len(fed.data.train[node]) for node in fed.nodes}
     expected = {}
     for node in fed.nodes:
         assert steps[node] == -(-sizes[node] // 64)  # ceil(n / batch) steps in one epoch
@@ -159,10 +170,10 @@ def test_scaffold_control_variates_follow_option_ii_by_hand(exp):
 def test_scaffold_moves_its_control_variates_beside_the_model_every_round(exp):
     fed = {name: federation(exp) for name in ("fedavg", "scaffold")}
     for name, f in fed.items():
-        strategy = make_strategy(name, 0.0, 0)
+        strategy = REGISTRY.build(name, {})
         strategy.setup(f)
         strategy.run_round(f, 1)
-    parameters = {k: v for k, v in fed["fedavg"].new_model("global").named_parameters()}
+    parameters = {k: v for k, v in fed["fedavg"].trainer.new_model("global").named_parameters()}
     per_round = {name: sum(t.bytes for t in f.transport.transfers if t.round == 1 and t.sender == "node0")
                  for name, f in fed.items()}
     assert per_round["scaffold"] == per_round["fedavg"] + all_reduce_bytes(parameters, 3)
@@ -192,19 +203,20 @@ def test_a_resumed_run_ends_as_an_uninterrupted_one_with_server_moments_and_cont
         pd.testing.assert_frame_equal(pd.read_csv(work / "federate" / name / "metrics.csv"), reference[name])
 
 
-def test_each_new_strategy_gives_the_same_numbers_on_the_distributed_engine(cli, exp, tmp_path):
-    from conftest import copy_exp
-
-    common = [*[a for name in NEW for a in ("--strategy", name)], "--rounds", "2", "--epochs", "1",
-              "--bootstrap", "20", *ONE_THREAD]
-    simulated, distributed = copy_exp(exp, tmp_path / "simulated"), copy_exp(exp, tmp_path / "distributed")
-    cli.ok("federate", "--exp", simulated, *common)
-    cli.ok("federate", "--exp", distributed, *common, "--engine", "distributed", "--launch", "local")
-    for name in NEW:
-        a, b = (pd.read_csv(e / "federate" / name / "metrics.csv") for e in (simulated, distributed))
-        pd.testing.assert_frame_equal(b, a, check_exact=False, rtol=0, atol=1e-6)
-        comm = [pd.read_csv(e / "federate" / name / "comm.csv") for e in (simulated, distributed)]
-        pd.testing.assert_frame_equal(*comm)
-        models = [load_tensors(e / "federate" / name / "models" / "global.safetensors", "m")
-                  for e in (simulated, distributed)]
-        assert all(torch.allclose(models[0][k].double(), models[1][k].double(), rtol=0, atol=1e-6) for k in models[0])
+def test_fedadam_bias_correction_scales_the_step_by_adams_factor_counting_steps_across_a_resume():
+    options = REGISTRY.resolved_options("fedadam", {"server_lr": 0.1, "bias_correction": True})
+    optimizer, x = ServerOptimizer("fedadam", options), torch.tensor([1.0], dtype=torch.float64)
+    m = v = 0.0
+    for t, target in enumerate((0.5, 0.8, 0.2), start=1):
+        if t == 2:  # a resumed run continues from the checkpointed moments and step count
+            state, optimizer = optimizer.state(), ServerOptimizer("fedadam", options)
+            optimizer.load_state(state)
+        delta = target - float(x)
+        m, v = 0.9 * m + 0.1 * delta, 0.99 * v + 0.01 * delta ** 2
+        lr = 0.1 * math.sqrt(1 - 0.99 ** t) / (1 - 0.9 ** t)
+        expected = float(x) + lr * m / (math.sqrt(v) + 1e-3)
+        x = optimizer.step({"w": x}, {"w": torch.tensor([target], dtype=torch.float64)})["w"]
+        assert float(x) == pytest.approx(expected, rel=1e-12)
+    plain = ServerOptimizer("fedadam", REGISTRY.resolved_options("fedadam", {"server_lr": 0.1}))
+    first = plain.step({"w": torch.tensor([1.0], dtype=torch.float64)}, {"w": torch.tensor([0.5], dtype=torch.float64)})
+    assert float(first["w"]) == pytest.approx(1.0 + 0.1 * (0.1 * -0.5) / (math.sqrt(0.01 * 0.25) + 1e-3), rel=1e-12)

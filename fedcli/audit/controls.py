@@ -4,7 +4,7 @@ as the node's own, so a reader sees that the audit can fail and that its "none" 
 - memoriser: renders softmax(10 w . K^T) mixtures of the node's audited members (K: fixed random
   keys), so it can rebuild every member and no one else, and its buffer is near copies of members.
   Expected verdict: fail.
-- data-free: the node's generator architecture at a keyed random initialisation, never trained on
+- data-free: the node's generator kind and architecture at a keyed random initialisation, never trained on
   anything. Expected: no leak (not fail).
 - tiny-node: a GAN trained as long as phase 1's cap on tens of the node's images (`train-gan --controls`),
   against the node's standard generator on those images and as many class-matched unseen ones.
@@ -19,45 +19,53 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedcli.gan.networks import Architecture, Generator
+from fedcli.gan.networks import class_mean_start
 from fedcli.rng import stream_seed, torch_stream
 
 SHARPNESS = 10.0  # softmax temperature: w of unit scale picks one member
 
 
 class Memoriser(nn.Module):
-    """A generator that stores `members` ([-1, 1] images) and renders mixtures of them; it has the
-    interface the audit uses (`arch.z_dim`, `mapping`, `synthesis`, a forward that samples)."""
+    """A generator that stores `members` ([-1, 1] images) and renders mixtures of them: a Sampler and
+    Invertible (fedcli/generators.py) with the audited kind's latent sizes."""
 
-    def __init__(self, members: torch.Tensor, arch: Architecture, stream: torch.Generator):
+    def __init__(self, members: torch.Tensor, z_dim: int, w_dim: int, stream: torch.Generator):
         super().__init__()
-        self.arch, self.noise_layers = arch, []
+        self.z_dim = z_dim
         fixed = lambda tensor: nn.Parameter(tensor, requires_grad=False)  # noqa: E731
         self.members = fixed(members.flatten(1).clone())
-        self.keys = fixed(torch.randn(len(members), arch.w_dim, generator=stream) / arch.w_dim ** 0.5)
-        self.to_w = fixed(torch.randn(arch.z_dim, arch.w_dim, generator=stream) / arch.z_dim ** 0.5)
+        self.keys = fixed(torch.randn(len(members), w_dim, generator=stream) / w_dim ** 0.5)
+        self.to_w = fixed(torch.randn(z_dim, w_dim, generator=stream) / z_dim ** 0.5)
         self.shape = members.shape[1:]
 
     def mapping(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return z @ self.to_w
 
-    def synthesis(self, w: torch.Tensor, noise_mode: str = "const", noise=None, generator=None) -> torch.Tensor:
-        weights = torch.softmax(SHARPNESS * w @ self.keys.T, dim=1)
+    def render(self, latents: torch.Tensor, noise=None) -> torch.Tensor:
+        weights = torch.softmax(SHARPNESS * latents @ self.keys.T, dim=1)
         return (weights @ self.members).view(-1, *self.shape)
 
-    def forward(self, z: torch.Tensor, labels: torch.Tensor, generator=None, truncation: float = 1.0) -> torch.Tensor:
-        return self.synthesis(self.mapping(z, labels))
+    def sample(self, labels: torch.Tensor, stream: torch.Generator, truncation: float = 1.0) -> torch.Tensor:
+        z = torch.randn(len(labels), self.z_dim, generator=stream)
+        return self.render(self.mapping(z.to(labels.device), labels))
+
+    def start(self, labels: torch.Tensor, stream: torch.Generator) -> tuple[torch.Tensor, float]:
+        return class_mean_start(self, self.z_dim, labels, stream)
+
+    def noise_shapes(self) -> list[tuple[int, ...]]:
+        return []
 
 
-def memoriser(members: torch.Tensor, arch: Architecture, seed: int, node: str) -> Memoriser:
-    return Memoriser(members.cpu(), arch, torch_stream(seed, node, "audit-control-memoriser"))
+def memoriser(members: torch.Tensor, sizes: tuple[int, int], seed: int, node: str) -> Memoriser:
+    """`sizes`: the audited kind's (noise, latent) sizes."""
+    return Memoriser(members.cpu(), *sizes, torch_stream(seed, node, "audit-control-memoriser"))
 
 
-def data_free(arch: Architecture, seed: int, node: str) -> Generator:
-    """An untrained generator, initialised from a keyed stream, not global state."""
+def data_free(kind, record: dict, seed: int, node: str) -> nn.Module:
+    """An untrained generator of the node's kind, initialised from a keyed stream, not global state."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(seed, node, "audit-control-data-free"))
-        return Generator(arch).eval()
+        return kind.build(record).eval()
 
 
 def outcome(name: str, summary: dict) -> dict:

@@ -1,7 +1,7 @@
 """Latent backprojection after the StyleGAN2 projector, for many images at once.
 
 Each target image gets its own w (W space, one w per image, broadcast to every layer), starting
-from its class's mean w. All w of a batch are optimised together with Adam: the loss is the sum
+from the generator's start for it (StyleGAN: its class's mean w). All w of a batch are optimised together with Adam: the loss is the sum
 of the per-image LPIPS, so the images do not interact. The learning rate ramps up over the first
 5% of the steps and down (cosine) over the last 25%; early on, Gaussian noise shrinking to zero
 is added to w to explore, as in the projector. Per-layer noise inputs stay fixed (`const`) unless
@@ -44,19 +44,6 @@ def learning_rate(step: int, settings: ProjectionSettings) -> float:
     return settings.lr * ramp * min(1.0, t / settings.rampup)
 
 
-@torch.no_grad()
-def class_mean_w(generator, classes: list[int], samples: int, stream: torch.Generator) -> tuple[dict, float]:
-    """Mean w per class from `samples` mapped z each, and the spread of w (for the exploration noise)."""
-    means, spreads = {}, []
-    device = next(generator.parameters()).device
-    for c in classes:
-        z = torch.randn(samples, generator.arch.z_dim, generator=stream).to(device)
-        w = generator.mapping(z, torch.full((samples,), c, dtype=torch.long, device=device))
-        means[c] = w.mean(dim=0)
-        spreads.append(((w - means[c]).square().sum(dim=1).mean()).sqrt().item())
-    return means, sum(spreads) / len(spreads)
-
-
 def noise_regularizer(noises: list[torch.Tensor]) -> torch.Tensor:
     """Per image: the spatial autocorrelation of its noise maps at every scale (the projector's regulariser)."""
     loss = 0.0
@@ -86,12 +73,13 @@ class Projection:
 
 def project(synthesis: Callable[..., torch.Tensor], targets: torch.Tensor, w_start: torch.Tensor,
             perceptual: Perceptual, settings: ProjectionSettings, streams: list[torch.Generator], w_spread: float,
-            layers=None, on_step: Callable[[int, float], None] | None = None) -> Projection:
+            noise_shapes: list[tuple[int, ...]] | None = None,
+            on_step: Callable[[int, float], None] | None = None) -> Projection:
     """Project a batch of targets ([-1, 1]), drawing image i's randomness from streams[i]; `synthesis(w)`
-    renders images (noise fixed inside it).
+    renders images (noise fixed inside it; an Invertible's `render`).
 
-    With `layers` (the generator's synthesis layers) and noise optimisation wanted, pass them to
-    optimise per-layer noise too; `synthesis` must then accept `noise=` maps.
+    With `noise_shapes` (an Invertible's `noise_shapes()`), per-image noise maps of those shapes are
+    optimised too; `synthesis` must then accept `noise=` maps.
     """
     if len(streams) != len(targets):
         raise ValueError(f"{len(targets)} targets need as many streams, got {len(streams)}")
@@ -99,9 +87,8 @@ def project(synthesis: Callable[..., torch.Tensor], targets: torch.Tensor, w_sta
     w = w_start.detach().clone().requires_grad_(True)
     params = [w]
     noises = None
-    if layers is not None:
-        noises = [per_image_randn(streams, (1, l.resolution, l.resolution), device).to(w.dtype).requires_grad_(True)
-                  for l in layers]
+    if noise_shapes is not None:
+        noises = [per_image_randn(streams, shape, device).to(w.dtype).requires_grad_(True) for shape in noise_shapes]
         params += noises
     optimizer = torch.optim.Adam(params, betas=(0.9, 0.999), lr=settings.lr)
     with torch.no_grad():

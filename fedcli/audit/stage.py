@@ -2,8 +2,9 @@
 
 For each node: members (train images, seen by the GAN) and size-matched, class-stratified
 non-members (test images); the privacy-preserving generator (phase 2) and its alpha-0 control (and,
-with --standard, the phase-1 generator) project every image from the same starting w (its class's
-mean w under the phase-1 mapping) and the same per-image random stream, keyed by the image's id. The privacy
+with --standard, the phase-1 generator) project every image from the same start (the standard
+generator's start for the image's class: StyleGAN's class-mean w) and the same per-image random stream,
+keyed by the image's id, through their kind's Invertible protocol (fedcli/generators.py). The privacy
 loss's effect is the paired per-image ratio of the privacy generator's distance to the control's,
 in the training LPIPS, in pixels and in an audit-only LPIPS network that shares no weights with the
 loss (fedcli/audit/effects.py); projection distances also feed membership inference and
@@ -25,32 +26,32 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from torch import nn
 
 from fedcli import console
 from fedcli.artifact_kinds import AUDITED, AUDITED_CONTROLS, file_sha256, record_files
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.audit import controls, effects, figures, scores
-from fedcli.audit.groups import matched_groups
 from fedcli.audit.progress import ProjectionProgress
-from fedcli.audit.projection import ProjectionSettings, class_mean_w, project
+from fedcli.audit.projection import ProjectionSettings, project
 from fedcli.config import AuditConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device, with_threads
 from fedcli.errors import UserError
-from fedcli.gan.networks import Architecture, Generator
+from fedcli.gan.kinds import load_generator, recorded_kind
 from fedcli.gan.perceptual import HUB_FILES, Perceptual
-from fedcli.gan.buffer import load_buffer_file, sample_buffer
-from fedcli.gan.stage import load_generator, read_gan_config
 from fedcli.locking import locked
 from fedcli.layout import BUFFER, GENERATOR_REFERENCE, audit_dir, gan_dir
+from fedcli.replay.buffer import load_buffer_file, sample_buffer
+from fedcli.replay.groups import matched_groups
+from fedcli.replay.record import read_gan_config
 from fedcli.rng import numpy_stream, torch_stream
 from fedcli.weights import hub_checkpoint
 
 GENERATORS = {name: file for name, file in AUDITED.items() if name != "buffer"}
 INDEPENDENT_SEED = 1  # the audit-only LPIPS network's backbone seed (training's random backbone uses 0)
 MIN_GROUP = 200  # the audit asks for at least this many images per group where a node has them
-W_AVG_SAMPLES = 1000
 
 
 @dataclasses.dataclass
@@ -58,11 +59,11 @@ class NodeInputs:
     """What a node's audit reads, loaded and checked before any node's projections run."""
 
     saved: dict  # the node's GAN config.json
-    generators: dict[str, Generator]  # "standard", "control" and "privacy", on the CPU
+    generators: dict[str, nn.Module]  # "standard", "control" and "privacy" (Invertible), on the CPU
     buffer: torch.Tensor  # uint8 images
-    reseeded: Generator | None  # the reseeded control, with --controls
-    tiny: Generator | None  # the tiny-node control, with --controls
-    reference: Generator | None  # GAN-Leaks-cal's reference, when train-gan made one (--reference)
+    reseeded: nn.Module | None  # the reseeded control, with --controls
+    tiny: nn.Module | None  # the tiny-node control, with --controls
+    reference: nn.Module | None  # GAN-Leaks-cal's reference, when train-gan made one (--reference)
 
 
 def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str, seed: int) -> NodeInputs:
@@ -73,22 +74,21 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str, seed: int) -> 
                             f"privacy generators and the buffer); run fedcli train-gan --exp {cfg.exp} --overwrite")
     saved = read_gan_config(cfg.exp, manifest, node)
     check_lpips(cfg, saved, node)
-    if saved["architecture"]["resolution"] != manifest["image_size"]:
-        raise UserError(f"node {node}'s generator makes {saved['architecture']['resolution']} px images but the "
-                        f"partition has {manifest['image_size']} px; re-run fedcli train-gan")
+    size = recorded_kind(saved).image_size(saved)
+    if size != manifest["image_size"]:
+        raise UserError(f"node {node}'s generator makes {size} px images but the partition has "
+                        f"{manifest['image_size']} px; re-run fedcli train-gan")
     if cfg.controls and (not all((folder / f).is_file() for f in AUDITED_CONTROLS.values()) or "tiny" not in saved):
         raise UserError(f"node {node} has no {' or '.join(AUDITED_CONTROLS.values())}, which --controls audits; run "
                         f"fedcli train-gan --exp {cfg.exp} --controls --overwrite")
-    arch = Architecture(**saved["architecture"])
-    generators = {name: load_generator(folder, file, arch) for name, file in GENERATORS.items()}
-    reseeded, tiny = ((load_generator(folder, f, arch) for f in AUDITED_CONTROLS.values()) if cfg.controls
+    generators = {name: load_generator(folder, file, saved) for name, file in GENERATORS.items()}
+    reseeded, tiny = ((load_generator(folder, f, saved) for f in AUDITED_CONTROLS.values()) if cfg.controls
                       else (None, None))
     return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], reseeded,
-                      tiny, check_reference(cfg, manifest, node, seed, saved, arch))
+                      tiny, check_reference(cfg, manifest, node, seed, saved))
 
 
-def check_reference(cfg: AuditConfig, manifest: Manifest, node: str, seed: int, saved: dict,
-                    arch: Architecture) -> Generator | None:
+def check_reference(cfg: AuditConfig, manifest: Manifest, node: str, seed: int, saved: dict) -> nn.Module | None:
     """The reference generator, when train-gan made one, refused if it saw any member the audit will score."""
     if "reference" not in saved:
         return None
@@ -98,7 +98,7 @@ def check_reference(cfg: AuditConfig, manifest: Manifest, node: str, seed: int, 
         raise UserError(f"node {node}'s reference GAN was trained on some of the {len(members)} members this audit "
                         f"scores (it held out {len(saved['reference']['held_out_ids'])}, with the partition's seed); "
                         f"lower --max-images, or re-run fedcli train-gan --reference {cfg.max_images} --overwrite")
-    return load_generator(gan_dir(cfg.exp, node), GENERATOR_REFERENCE, arch)
+    return load_generator(gan_dir(cfg.exp, node), GENERATOR_REFERENCE, saved)
 
 
 def check_lpips(cfg: AuditConfig, saved: dict, node: str) -> None:
@@ -167,9 +167,34 @@ class Audited:
 
 def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs, seed: int,
                networks: tuple[Perceptual, Perceptual], device: str) -> dict:
-    """`networks`: the LPIPS the node's GAN was trained against, and the audit-only one."""
-    perceptual, independent = networks
+    """One node, in named steps: the audited images, their projections into each generator, the scores,
+    the folder. `networks`: the LPIPS the node's generators were trained against, and the audit-only one."""
     train, test = NodeDataset(manifest, node, "train"), NodeDataset(manifest, node, "test")
+    audited = audited_images(cfg, train, test, networks[0], seed, node, device)
+    start, frame, reconstructions = project_node(cfg, inputs, audited, networks, seed, node, device)
+    buffer_images = to_float(inputs.buffer).to(device)
+    buffer_distances = distances_to_buffer(networks[0], buffer_images, audited)
+    summary = score_node(cfg, inputs, frame, audited, buffer_distances, networks, seed, node)
+    if cfg.controls:
+        summary["controls"] = audit_controls(cfg, inputs, frame, audited, start, networks, seed, node, device)
+        summary["controls"]["tiny-node"] = tiny_node_control(cfg, inputs, train, test, networks, seed, node, device)
+    with staged_output(audit_dir(cfg.exp, node), cfg.overwrite) as out:
+        write_csv(out / "distances.csv", frame)
+        write_json(out / "summary.json", summary)
+        figures.histogram(out / "histogram.png", frame, node, networks[0].name, summary["privacy_effect"])
+        figures.pairs(out / "pairs.png", audited.images[:audited.members], reconstructions, node)
+        figures.nearest(out / "nearest.png", buffer_images, audited.images,
+                        *(torch.from_numpy(buffer_distances[k]) for k in ("buffer_to_real", "nearest_real")), node)
+        figures.roc(out / "roc.png", frame, node)
+        write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed,
+                                                   audited_hashes(cfg, manifest, node, inputs))
+                   | {"files": record_files(out)})
+    return summary
+
+
+def audited_images(cfg: AuditConfig, train: NodeDataset, test: NodeDataset, perceptual: Perceptual, seed: int,
+                   node: str, device: str) -> Audited:
+    """The node's matched members and non-members, with their real-to-real nearest distances."""
     member_idx, non_member_idx = matched_groups(train.records, test.records, cfg.max_images, seed, node)
     if len(member_idx) < min(MIN_GROUP, cfg.max_images):
         console.warn(f"node {node}: {len(member_idx)} images per group (members and non-members), fewer than "
@@ -179,10 +204,16 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     # every real-to-real nearest-neighbour distance
     real = scores.distance_matrix(perceptual, images, to_float(torch.cat([train.images, test.images])).to(device))
     own = torch.tensor(list(member_idx) + [len(train) + i for i in non_member_idx], device=device)
-    audited = Audited(images, torch.cat([train.labels[member_idx], test.labels[non_member_idx]]).to(device),
-                      [train.records[i]["id"] for i in member_idx] + [test.records[i]["id"] for i in non_member_idx],
-                      np.array([1] * len(member_idx) + [0] * len(non_member_idx)),
-                      scores.nearest(real, exclude=own)[0], real[len(member_idx):, member_idx].min(dim=1).values)
+    return Audited(images, torch.cat([train.labels[member_idx], test.labels[non_member_idx]]).to(device),
+                   [train.records[i]["id"] for i in member_idx] + [test.records[i]["id"] for i in non_member_idx],
+                   np.array([1] * len(member_idx) + [0] * len(non_member_idx)),
+                   scores.nearest(real, exclude=own)[0], real[len(member_idx):, member_idx].min(dim=1).values)
+
+
+def project_node(cfg: AuditConfig, inputs: NodeInputs, audited: Audited, networks: tuple[Perceptual, Perceptual],
+                 seed: int, node: str, device: str) -> tuple[tuple[torch.Tensor, float], pd.DataFrame, dict]:
+    """The shared start, and every audited image projected into the privacy generator, its control (and,
+    with --standard, the standard one; and the reference from its own start): distances and reconstructions."""
     generators = {name: fast_layout(generator, device) for name, generator in inputs.generators.items()}
     start = projection_start(generators["standard"], audited, seed, node)
     projected = {name: g for name, g in generators.items() if name != "standard" or cfg.standard}
@@ -193,19 +224,25 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     if same:
         frame = pd.concat([frame, frame[frame.generator == "privacy"].assign(generator="control")], ignore_index=True)
         reconstructions["control"] = reconstructions["privacy"]
-    if inputs.reference is not None:  # its own mapping: its own class-mean start
+    if inputs.reference is not None:  # its own mapping: its own start
         reference = fast_layout(inputs.reference, device)
         frame = pd.concat([frame, project_generators(cfg, {"reference": reference}, audited,
                                                      projection_start(reference, audited, seed, node), networks,
                                                      seed, node)[0]], ignore_index=True)
-    buffer_images = to_float(inputs.buffer).to(device)
-    buffer_distances = distances_to_buffer(perceptual, buffer_images, audited)
+    return start, frame, reconstructions
+
+
+def score_node(cfg: AuditConfig, inputs: NodeInputs, frame: pd.DataFrame, audited: Audited,
+               buffer_distances: dict[str, np.ndarray], networks: tuple[Perceptual, Perceptual], seed: int,
+               node: str) -> dict:
+    """summary.json less the controls: the attacks' scores, the buffer's, the verdict, what was measured how."""
+    perceptual, independent = networks
     summary = summarize(frame, audited, buffer_distances, cfg, seed, node)
-    summary |= {"node": node, "members": len(member_idx), "non_members": len(non_member_idx),
+    summary |= {"node": node, "members": audited.members, "non_members": len(audited.ids) - audited.members,
                 "lpips_network": perceptual.name, "lpips_calibrated": perceptual.calibrated,
                 "lpips_weights_sha256": perceptual.weights_sha256, "independent_network": independent.name,
                 "steps": cfg.steps, "optimize_noise": cfg.optimize_noise,
-                "phase2_kept_iteration": inputs.saved["phase2"]["kept_iteration"],
+                "phase2_kept_iteration": inputs.saved.get("phase2", {}).get("kept_iteration"),  # StyleGAN's record
                 "note": "empirical attack scores, not a formal privacy guarantee"}
     if "dp" in inputs.saved:  # train-gan --dp-epsilon: the formal guarantee, and the attack's sanity bound
         dp = inputs.saved["dp"]
@@ -214,32 +251,20 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
                               "scope": "the generator and its buffer; FedER's travelling classifiers are not DP"}
         summary["note"] = (f"({dp['epsilon']:.3g}, {dp['delta']:.2g})-DP per training image for the generator and "
                            "buffer (DP-SGD discriminator); the attack scores are empirical")
-    if cfg.controls:
-        summary["controls"] = audit_controls(cfg, inputs, frame, audited, start, networks, seed, node, device)
-        summary["controls"]["tiny-node"] = tiny_node_control(cfg, inputs, train, test, networks, seed, node, device)
-    folder = gan_dir(cfg.exp, node)
-    with staged_output(audit_dir(cfg.exp, node), cfg.overwrite) as out:
-        write_csv(out / "distances.csv", frame)
-        write_json(out / "summary.json", summary)
-        figures.histogram(out / "histogram.png", frame, node, perceptual.name, summary["privacy_effect"])
-        figures.pairs(out / "pairs.png", images[:len(member_idx)], reconstructions, node)
-        figures.nearest(out / "nearest.png", buffer_images, images,
-                        *(torch.from_numpy(buffer_distances[k]) for k in ("buffer_to_real", "nearest_real")), node)
-        figures.roc(out / "roc.png", frame, node)
-        audited_files = (AUDITED | (AUDITED_CONTROLS if cfg.controls else {})
-                         | ({"reference": GENERATOR_REFERENCE} if inputs.reference is not None else {}))
-        hashes = {"manifest": manifest.content_hash} | {name: file_sha256(folder / f)
-                                                         for name, f in audited_files.items()}
-        write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed, hashes)
-                   | {"files": record_files(out)})
     return summary
 
 
+def audited_hashes(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs) -> dict[str, str]:
+    """The inputs config.json names: the partition and every generator file audited, and the buffer."""
+    folder = gan_dir(cfg.exp, node)
+    audited_files = (AUDITED | (AUDITED_CONTROLS if cfg.controls else {})
+                     | ({"reference": GENERATOR_REFERENCE} if inputs.reference is not None else {}))
+    return {"manifest": manifest.content_hash} | {name: file_sha256(folder / f) for name, f in audited_files.items()}
+
+
 def projection_start(generator, audited: Audited, seed: int, node: str) -> tuple[torch.Tensor, float]:
-    """Each image's starting w (its class's mean w under `generator`'s mapping) and the spread of w."""
-    means, spread = class_mean_w(generator, sorted(set(audited.labels.tolist())), W_AVG_SAMPLES,
-                                 torch_stream(seed, node, "audit-w-mean"))
-    return torch.stack([means[int(c)] for c in audited.labels]), spread
+    """Each image's starting latent from `generator` (Invertible), and the latents' spread."""
+    return generator.start(audited.labels, torch_stream(seed, node, "audit-w-mean"))
 
 
 def project_generators(cfg: AuditConfig, generators: dict, audited: Audited, start: tuple[torch.Tensor, float],
@@ -258,10 +283,9 @@ def project_generators(cfg: AuditConfig, generators: dict, audited: Audited, sta
             for begin in range(0, len(audited.images), cfg.batch_size):
                 chunk = slice(begin, begin + cfg.batch_size)
                 streams = [torch_stream(seed, node, "audit-project", image_id) for image_id in audited.ids[chunk]]
-                layers = generator.noise_layers if cfg.optimize_noise else None
-                result = project(lambda w, noise=None, g=generator: g.synthesis(w, noise_mode="const", noise=noise),
-                                 audited.images[chunk], w_start[chunk], perceptual, settings, streams, spread, layers,
-                                 on_step=progress.step)
+                shapes = (generator.noise_shapes() or None) if cfg.optimize_noise else None
+                result = project(generator.render, audited.images[chunk], w_start[chunk], perceptual, settings,
+                                 streams, spread, shapes, on_step=progress.step)
                 recon.append(result.images)
                 lpips.append(result.lpips)
                 progress.batch_done(len(result.lpips))
@@ -300,11 +324,11 @@ def audit_controls(cfg: AuditConfig, inputs: NodeInputs, frame: pd.DataFrame, au
                    start: tuple[torch.Tensor, float], networks: tuple[Perceptual, Perceptual], seed: int, node: str,
                    device: str) -> dict:
     """The controls of fedcli/audit/controls.py, each audited as the node's own generators are."""
-    arch = inputs.generators["standard"].arch
+    kind = recorded_kind(inputs.saved)
     members = audited.images[:audited.members]
     out = {}
-    for name, generator in (("memoriser", controls.memoriser(members, arch, seed, node)),
-                            ("data-free", controls.data_free(arch, seed, node))):
+    for name, generator in (("memoriser", controls.memoriser(members, kind.latent_sizes(inputs.saved), seed, node)),
+                            ("data-free", controls.data_free(kind, inputs.saved, seed, node))):
         generator = fast_layout(generator, device)
         own_frame, _ = project_generators(cfg, {"privacy": generator}, audited,
                                           projection_start(generator, audited, seed, node), networks, seed, node)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl.local import LocalSettings, training_batches
+from fedcli.fl.local import Batches, LocalSettings
 
 COLUMNS = ("model_node", "test_node", "accuracy_stored", "accuracy_refreshed", "accuracy_refreshed_as_trained")
 DIAGNOSTIC = COLUMNS[3:]  # added to the final round's metrics rows, which carry them through checkpoints
@@ -47,4 +47,4 @@ def refresh_batches(primary: TensorSource, replay: TensorSource | None, batch: i
                     generator: torch.Generator) -> Iterable[torch.Tensor]:
     """One epoch of training-composed batches (images only) from a keyed stream."""
     settings = LocalSettings(epochs=1, lr=0.0, batch=batch, augment=augment)
-    return (x for x, _, _ in training_batches(primary, replay, settings, generator))
+    return (b.x for b in Batches(primary, replay, settings, generator))

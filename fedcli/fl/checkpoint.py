@@ -23,11 +23,10 @@ from safetensors import SafetensorError, safe_open
 from fedcli import console
 from fedcli.artifacts import load_tensors, save_tensors, write_json
 from fedcli.errors import UserError
+from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.transport import Transfer
 
-CENTRAL = "central"  # the part holding a pooled model that belongs to no node
 KEEP = 2
-PER_NODE = ("bn", "control")  # `bn:<node>`, `control:<node>`: state only that node holds (fl/strategies.py)
 
 
 class CheckpointMismatch(UserError):
@@ -46,14 +45,14 @@ class Checkpoint:
         return sorted(p for p in self.folder.iterdir() if p.is_dir()) if self.folder.is_dir() else []
 
     def _owners(self, key: str) -> list[str]:
-        prefix, sep, node = key.partition(":")
-        if sep and prefix in PER_NODE:
+        """The parts holding a state key: a node's own (`<node>`, `<prefix>:<node>`, fl/strategies/base.py),
+        a pooled model's own part, or every node's (the global model, server state)."""
+        _, sep, node = key.rpartition(":")
+        if sep and node in self.nodes:
             return [node]
-        if key in self.nodes:
+        if key in self.nodes or key in REGISTRY.pooled_keys():
             return [key]
-        if key == CENTRAL:
-            return [CENTRAL]
-        return self.local if self.local is not None else self.nodes  # the global model: every node holds it
+        return self.local if self.local is not None else self.nodes
 
     def save(self, round_: int, states: dict[str, dict[str, torch.Tensor]], rows: list[dict],
              transfers: list[Transfer], config: dict) -> None:

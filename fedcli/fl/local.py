@@ -1,9 +1,9 @@
-"""Node-local training: E epochs over a primary source, optionally replaying a buffer.
+"""Node-local training: the one loop, which knows no strategy. A strategy hands it batches (here: E
+epochs over a primary source, optionally replaying a buffer) and an objective (fl/objectives.py).
 
 With replay, each mini-batch concatenates b primary and b replay images in one forward pass
-(BatchNorm sees both) and the loss is lambda * CE(primary) + (1 - lambda) * CE(replay); the
-replay source is cycled without replacement, so an epoch has as many steps as without replay.
-FedProx adds (mu / 2) * ||w - w_global||^2. A fresh Adam each call: optimiser moments never travel.
+(BatchNorm sees both); the replay source is cycled without replacement, so an epoch has as many
+steps as without replay. A fresh Adam each call: optimiser moments never travel.
 The learning rate is constant, or follows a cosine from lr to 0 over the run's whole budget, of which
 one call trains the span `LocalSettings.span` (fractions of the budget at its first and after its last step).
 """
@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from collections.abc import Iterator, Sized
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedcli.data.dataset import augment_batch, to_float
 from fedcli.data.tensor_source import TensorSource
+from fedcli.fl.objectives import Batch, Objective, Supervised
 
 
 class Cycler:
@@ -40,8 +42,6 @@ class LocalSettings:
     epochs: int
     lr: float
     batch: int
-    lam: float = 0.5
-    mu: float = 0.0
     augment: tuple[str, ...] = ()
     schedule: str = "constant"
     span: tuple[float, float] = (0.0, 1.0)
@@ -52,6 +52,10 @@ class LocalSettings:
             return self.lr
         start, end = self.span
         return self.lr * 0.5 * (1 + math.cos(math.pi * (start + (end - start) * step / steps)))
+
+    def optimizer(self, parameters) -> torch.optim.Optimizer:
+        """A fresh optimiser for one call (moments never travel); its rate is set step by step."""
+        return torch.optim.Adam(parameters, lr=self.lr)
 
     def lr_sum(self, steps: int) -> float:
         """The sum of the learning rates of a call's `steps` optimiser steps (Scaffold's option II)."""
@@ -67,82 +71,71 @@ def batch_bounds(n: int, batch: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def replay_loss(logits: torch.Tensor, labels: torch.Tensor, n_primary: int, lam: float) -> torch.Tensor:
-    """lambda * CE(primary part) + (1 - lambda) * CE(replay part) of one concatenated batch."""
-    primary = F.cross_entropy(logits[:n_primary], labels[:n_primary])
-    if n_primary == len(labels):
-        return primary
-    return lam * primary + (1 - lam) * F.cross_entropy(logits[n_primary:], labels[n_primary:])
-
-
-def proximal_term(model: nn.Module, anchor: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
-    return (mu / 2) * sum((p - anchor[name]).square().sum() for name, p in model.named_parameters())
-
-
-def train_local(model: nn.Module, primary: TensorSource, replay: TensorSource | None, settings: LocalSettings,
-                generator: torch.Generator, device: str = "cpu", anchor: dict[str, torch.Tensor] | None = None,
-                on_batch=None, epoch_size: int | None = None, correction: dict[str, torch.Tensor] | None = None) -> int:
-    """Train in place; return the number of optimiser steps. `on_batch(images, labels, n_primary)` sees
-    every batch (used by tests and the benchmark). `epoch_size`: primary images per epoch (default all
-    of them), drawn without replacement across epochs, so two sources of different sizes can be given
-    the same number of steps. `correction` (Scaffold's c - c_i, per parameter): after each optimiser step
-    every parameter also moves by -lr times its correction."""
+def train_local(model: nn.Module, batches: Sized, settings: LocalSettings, device: str = "cpu",
+                objective: Objective | None = None, on_batch=None) -> int:
+    """Train in place on every batch of `batches` (a sized iterable of objectives.Batch, or of what the
+    objective reads) with a fresh optimiser; return the number of optimiser steps.
+    `objective`: the loss and its after-step hooks (default: supervised, fl/objectives.py). `on_batch(images,
+    labels, n_primary)` sees every batch (used by tests and the benchmark)."""
     model.train()
     model.to(memory_format=torch.channels_last)  # oneDNN's fast layout: ~20% less per CPU step (bench)
     try:
-        return _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size,
-                             correction)
+        return _train(model, batches, settings, device, objective or Supervised(), on_batch)
     finally:
         model.to(memory_format=torch.contiguous_format)  # what every reader of the weights expects
 
 
-def _train_epochs(model, primary, replay, settings, generator, device, anchor, on_batch, epoch_size,
-                  correction) -> int:
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
-    anchor = {k: v.to(device) for k, v in anchor.items()} if anchor is not None and settings.mu > 0 else None
-    correction = {k: v.to(device) for k, v in correction.items()} if correction is not None else None
-    steps, total = 0, settings.epochs * len(batch_bounds(len(primary) if epoch_size is None else epoch_size,
-                                                          settings.batch))
-    for x, labels, n_primary in training_batches(primary, replay, settings, generator, epoch_size):
+def _train(model: nn.Module, batches: Sized, settings: LocalSettings, device: str, objective: Objective,
+           on_batch) -> int:
+    optimizer = settings.optimizer(model.parameters())
+    objective = objective.to(device)
+    steps, total = 0, len(batches)
+    for batch in batches:
         for group in optimizer.param_groups:
             group["lr"] = settings.lr_at(steps, total)
         if on_batch is not None:
-            on_batch(x, labels, n_primary)
-        x, labels = x.to(device).contiguous(memory_format=torch.channels_last), labels.to(device)
-        loss = replay_loss(model(x), labels, n_primary, settings.lam)
-        if anchor is not None:
-            loss = loss + proximal_term(model, anchor, settings.mu)
+            on_batch(batch.x, batch.labels, batch.n_primary)
+        batch = batch.to(device)
+        loss = objective.loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        if correction is not None:
-            with torch.no_grad():
-                for name, parameter in model.named_parameters():
-                    parameter.sub_(correction[name], alpha=optimizer.param_groups[0]["lr"])
+        objective.after_step(model, optimizer.param_groups[0]["lr"])
         steps += 1
     return steps
 
 
-def training_batches(primary: TensorSource, replay: TensorSource | None, settings: LocalSettings,
-                     generator: torch.Generator, epoch_size: int | None = None):
-    """The (float images, labels, number of primary images) batches of `settings.epochs` epochs, composed
-    as local training composes them: shuffled primary batches, each joined by as many replay images, then
-    augmented. Also what the BatchNorm diagnostic re-estimates statistics on (fl/batchnorm_check.py)."""
-    replayer = Cycler(replay, generator) if replay is not None and len(replay) else None
-    primary_draws = Cycler(primary, generator)
-    epoch_size = len(primary) if epoch_size is None else epoch_size
-    bounds = batch_bounds(epoch_size, settings.batch)
-    for _ in range(settings.epochs):
-        epoch = primary_draws.take(epoch_size)
-        for start, end in bounds:
-            index = epoch[start:end]
-            images, labels = primary.images[index], primary.labels[index]
-            n_primary = len(index)
-            if replayer is not None:
-                r = replayer.take(n_primary)  # half and half, also in a short last batch
-                images = torch.cat([images, replay.images[r]])
-                labels = torch.cat([labels, replay.labels[r]])
-            x = to_float(images)
-            if settings.augment:
-                x = augment_batch(x, settings.augment, generator)
-            yield x, labels, n_primary
+class Batches:
+    """The batches of `settings.epochs` epochs, composed as local training composes them: shuffled primary
+    batches, each joined by as many replay images, then augmented. `epoch_size`: primary images per epoch
+    (default all of them), drawn without replacement across epochs, so two sources of different sizes can be
+    given the same number of steps. Also what the BatchNorm diagnostic re-estimates statistics on
+    (fl/batchnorm_check.py)."""
+
+    def __init__(self, primary: TensorSource, replay: TensorSource | None, settings: LocalSettings,
+                 generator: torch.Generator, epoch_size: int | None = None):
+        self.primary, self.replay, self.settings, self.generator = primary, replay, settings, generator
+        self.epoch_size = len(primary) if epoch_size is None else epoch_size
+
+    def __len__(self) -> int:
+        return self.settings.epochs * len(batch_bounds(self.epoch_size, self.settings.batch))
+
+    def __iter__(self) -> Iterator[Batch]:
+        primary, replay, settings, generator = self.primary, self.replay, self.settings, self.generator
+        replayer = Cycler(replay, generator) if replay is not None and len(replay) else None
+        primary_draws = Cycler(primary, generator)
+        bounds = batch_bounds(self.epoch_size, settings.batch)
+        for _ in range(settings.epochs):
+            epoch = primary_draws.take(self.epoch_size)
+            for start, end in bounds:
+                index = epoch[start:end]
+                images, labels = primary.images[index], primary.labels[index]
+                n_primary = len(index)
+                if replayer is not None:
+                    r = replayer.take(n_primary)  # half and half, also in a short last batch
+                    images = torch.cat([images, replay.images[r]])
+                    labels = torch.cat([labels, replay.labels[r]])
+                x = to_float(images)
+                if settings.augment:
+                    x = augment_batch(x, settings.augment, generator)
+                yield Batch(x, labels, n_primary)

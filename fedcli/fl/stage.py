@@ -11,64 +11,28 @@ With `--engine distributed` the same runs happen with one process per node (`fl/
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
-from pathlib import Path
 
-import pandas as pd
-import torch
-
-from fedcli import console
-from fedcli.artifact_kinds import file_sha256, record_files
-from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, \
-    staged_output, write_csv, write_json
-from fedcli.config import ENGINE_OPTIONS, FederateConfig, to_json
+from fedcli.artifact_kinds import file_sha256
 from fedcli.data.manifest import Manifest
-from fedcli.devices import resolve_device, torch_threads
-from fedcli.errors import UserError
-from fedcli.fl.batchnorm_check import COLUMNS as BN_COLUMNS, DIAGNOSTIC
-from fedcli.fl.checkpoint import Checkpoint
-from fedcli.fl.engine import Federation, NodeImages, run_rounds
 from fedcli.data.tensor_source import TensorSource
+from fedcli.devices import resolve_device, torch_threads
+from fedcli.fl import engine
+from fedcli.fl.checkpoint import Checkpoint
+from fedcli.fl.distributed import launch, worker
+from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.node_data import NodeImages
 from fedcli.fl.progress import RoundProgress
-from fedcli.fl.strategies import NEEDS_BUFFERS, make_strategy
-from fedcli.fl.transport import Transfer
-from fedcli.gan.buffer import load_buffer_file
-from fedcli.gan.stage import read_gan_config
-from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir
+from fedcli.fl.runs import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
+    planned_runs, run_label, run_outputs, run_seed, strategy_config, write_output
+from fedcli.fl.strategies import REGISTRY
+from fedcli.layout import BUFFER, federate_dir, gan_dir
 from fedcli.locking import locked
-
-
-@dataclasses.dataclass
-class StrategyRun:
-    strategy: str
-    fold: int | None
-    out: Path
-    rows: list[dict]
-    nodes: list[str]
-
-
-def load_buffer(exp: Path, manifest: Manifest, node: str, size: int | None, strategy: str) -> TensorSource:
-    """The first `size` images of a node's buffer, after the checks of its artifact kind (its recorded
-    hash, node and partition; image shape; one label per image, each a class of the node)."""
-    folder = gan_dir(exp, node)
-    if not (folder / BUFFER).is_file():
-        raise UserError(f"strategy {strategy} needs node {node}'s synthetic buffer ({folder / BUFFER} is missing); "
-                        f"run fedcli train-gan --exp {exp} first")
-    saved = read_gan_config(exp, manifest, node)
-    images, labels = load_buffer_file(folder, node, manifest, saved.get("classes"))
-    size = len(labels) if size is None else size
-    if size > len(labels):
-        raise UserError(f"--buffer-size {size} exceeds node {node}'s buffer of {len(labels)} images; run "
-                        f"fedcli train-gan --sample-only --buffer-size {size}")
-    return TensorSource(images[:size].clone(), labels[:size].clone())
 
 
 def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
     """Every strategy (and fold) of `cfg`: simulated here, or one process per node (distributed)."""
     if cfg.engine == "distributed":
-        from fedcli.fl.distributed import launch, worker
-
         return launch.run(cfg) if cfg.launch == "local" else worker.run(cfg)
     manifest = Manifest.load(cfg.exp)
     runs = planned_runs(cfg, manifest)
@@ -85,144 +49,23 @@ def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
                     for name, fold in runs]
 
 
-def buffer_user(cfg: FederateConfig) -> str | None:
-    """The first strategy that reads the buffers, if any does."""
-    return next((s for s in cfg.strategy if s in NEEDS_BUFFERS and cfg.buffer_size != 0), None)
-
-
-def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int | None]]:
-    """(strategy, fold) pairs, after the option checks every engine makes before training anything."""
-    if cfg.fold is not None and not 0 <= cfg.fold < manifest["folds"]:
-        raise UserError(f"--fold {cfg.fold} is not a fold of this partition (0..{manifest['folds'] - 1})")
-    for name in ("feder-b", "central-synthetic", "central-mixed"):
-        if name in cfg.strategy and cfg.buffer_size == 0:
-            raise UserError(f"{name} trains on synthetic data, so it needs --buffer-size > 0")
-    folds = list(range(manifest["folds"])) if cfg.cv else [cfg.fold]
-    return [(name, fold) for name in cfg.strategy for fold in folds]
-
-
-def run_outputs(cfg: FederateConfig, runs: list[tuple[str, int | None]]) -> list[Path]:
-    return [federate_dir(cfg.exp, name, fold) for name, fold in runs]
-
-
-def check_outputs(cfg: FederateConfig, runs: list[tuple[str, int | None]], nodes: list[str],
-                  local: list[str] | None = None) -> None:
-    """Before training, with the outputs locked: each can be written, and neither a finished output nor
-    the checkpoint of an interrupted run is replaced unless asked (`local`: the nodes whose checkpoint
-    parts this process holds; None: every node)."""
-    for out in run_outputs(cfg, runs):
-        check_writable(out.parent)
-        checkpoint = Checkpoint(checkpoint_dir(out), nodes, local)
-        if cfg.resume:
-            if checkpoint.resume_point() is None:
-                check_output_free(out, cfg.overwrite)
-            continue
-        held = checkpoint.rounds()
-        if held and not cfg.overwrite:
-            raise UserError(f"{out} was interrupted after round {max(held)} (checkpoint in {checkpoint.folder}); "
-                            f"pass --resume to continue from round {max(held)}, or --overwrite to start over")
-        if held:
-            console.out.print(f"note: --overwrite: discarding the checkpoint of round {max(held)} in "
-                              f"{checkpoint.folder}", markup=False, soft_wrap=True)
-        check_output_free(out, cfg.overwrite)
-
-
-def run_seed(cfg: FederateConfig, manifest: Manifest) -> int:
-    return manifest["seed"] if cfg.seed is None else cfg.seed
-
-
-def federation(cfg: FederateConfig, manifest: Manifest, device: str, fold: int | None,
-               buffers: dict[str, TensorSource], images: NodeImages, **engine) -> Federation:
-    """The Federation of one (strategy, fold) run; `engine`: transport, local_nodes, cross_eval."""
-    return Federation(manifest, lambda node: buffers[node], seed=run_seed(cfg, manifest), model=cfg.model,
-                      epochs=cfg.epochs, init_epochs=init_epochs(cfg), lr=cfg.lr, batch=cfg.batch, lam=cfg.lam,
-                      buffer_codec=cfg.buffer_codec, fold=fold, device=device, bootstrap=cfg.bootstrap,
-                      pretrained=cfg.pretrained, model_weights=cfg.model_weights, node_batch=cfg.batch_sizes(),
-                      images=images, weighting=cfg.weighting, rounds=cfg.rounds, lr_schedule=cfg.lr_schedule,
-                      **engine)
-
-
-def init_epochs(cfg: FederateConfig) -> int:
-    return cfg.epochs if cfg.init_epochs is None else cfg.init_epochs
-
-
-def strategy_config(cfg: FederateConfig, manifest: Manifest, name: str, fold: int | None,
-                    buffer_info: dict[str, dict]) -> dict:
-    """The resolved options of one run, as config.json records them. `buffer_info`: every node's
-    buffer hash and size, when buffers are used."""
-    first = buffer_info[manifest.node_names[0]]["size"] if buffer_info else 0
-    buffer_size = cfg.buffer_size if cfg.buffer_size is not None else first
-    inputs = {"manifest": manifest.content_hash}
-    if name in NEEDS_BUFFERS:
-        inputs |= {f"buffer:{n}": buffer_info[n]["sha256"] for n in manifest.node_names if n in buffer_info}
-    resolved = {k: v for k, v in to_json(cfg).items() if k not in ("strategy", "resume", "overwrite")}
-    return resolved | {"strategy": name, "fold": fold, "seed": run_seed(cfg, manifest), "init_epochs": init_epochs(cfg),
-                       "buffer_size": buffer_size if name in NEEDS_BUFFERS else None, "inputs": inputs}
-
-
-def computed(resolved: dict) -> dict:
-    """What decides a run's numbers: the resolved options less where the experiment lies and how the
-    run executes (engine, threads), so a moved experiment, or the other engine, resumes a checkpoint."""
-    return {k: v for k, v in resolved.items() if k not in ENGINE_OPTIONS and k != "exp"}
-
-
 def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fold: int | None,
             buffers: dict[str, TensorSource], buffer_info: dict[str, dict], images: NodeImages,
             after_round) -> StrategyRun:
     out = federate_dir(cfg.exp, name, fold)
-    fed = federation(cfg, manifest, device, fold, buffers, images)
+    fed = engine.build(cfg, manifest, run_seed(cfg, manifest), device=device, fold=fold, buffers=buffers, images=images)
     resolved = strategy_config(cfg, manifest, name, fold, buffer_info)
-    strategy = make_strategy(name, cfg.mu, resolved["buffer_size"] or 0, cfg.server())
+    strategy = REGISTRY.build(name, resolved)
     work = checkpoint_dir(out)
     with RoundProgress(run_label(name, fold), cfg.rounds) as progress:
         def on_round(round_: int) -> None:
             progress.update(round_)
             if after_round is not None:
                 after_round(name, round_)
-        rows, transfers = run_rounds(fed, strategy, cfg.rounds, cfg.eval_every, Checkpoint(work, fed.nodes),
+        rows, transfers = engine.run_rounds(fed, strategy, cfg.rounds, cfg.eval_every, Checkpoint(work, fed.nodes),
                                      computed(resolved), cfg.resume, on_round)
     states = {key: model.state_dict() for key, model in strategy.models().items()}
-    write_output(out, rows, transfers, states, fed.own_predictions(strategy.models()), resolved,
+    write_output(out, rows, transfers, states, fed.evaluator.own_predictions(strategy.models()), resolved,
                  cfg.overwrite or cfg.resume)
     shutil.rmtree(work, ignore_errors=True)
     return StrategyRun(name, fold, out, rows, fed.nodes)
-
-
-def run_label(name: str, fold: int | None) -> str:
-    return name if fold is None else f"{name} fold {fold}"
-
-
-def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],
-                 predictions: dict[str, torch.Tensor], resolved: dict, overwrite: bool) -> None:
-    """metrics.csv, comm.csv, models/<key>.safetensors, predictions.safetensors (the final models' softmax on
-    their own test sets, with the labels) and config.json, replacing `out` at once."""
-    metrics = pd.DataFrame(rows)
-    with staged_output(out, overwrite=overwrite) as stage:
-        write_csv(stage / "metrics.csv", metrics.drop(columns=list(DIAGNOSTIC), errors="ignore"))
-        write_csv(stage / "bn_statistics.csv", batchnorm_frame(metrics))
-        write_csv(stage / "comm.csv", pd.DataFrame([t.__dict__ for t in transfers],
-                                                   columns=["round", "sender", "receiver", "kind", "bytes"]))
-        for key, state in states.items():
-            save_tensors(stage / "models" / f"{key}.safetensors", {k: v.detach().cpu() for k, v in state.items()})
-        save_tensors(stage / PREDICTIONS, predictions)
-        meta = provenance("federate", resolved, resolved["seed"], resolved["inputs"]) | {"files": record_files(stage)}
-        if resolved["fold"] is not None:
-            meta["note"] = cv_note(resolved["fold"])
-        write_json(stage / "config.json", meta)
-
-
-def batchnorm_frame(metrics: pd.DataFrame) -> pd.DataFrame:
-    """The final round's BatchNorm diagnostic (fl/batchnorm_check.py), one row per model and test set."""
-    final = metrics[metrics["round"] == metrics["round"].max()].dropna(subset=list(DIAGNOSTIC))
-    return final.rename(columns={"accuracy": "accuracy_stored"})[list(BN_COLUMNS)].reset_index(drop=True)
-
-
-def checkpoint_dir(out: Path) -> Path:
-    """The hidden folder next to a strategy's output that holds its last completed round."""
-    return out.parent / f".{out.name}.checkpoint"
-
-
-def cv_note(fold: int | None) -> str:
-    return (f"validation on train fold {fold}: the GAN buffers were trained on all train folds, so they have "
-            "seen this validation fold")
-

@@ -18,10 +18,9 @@ from collections import defaultdict
 import torch
 
 from fedcli.fl.payloads import PayloadError
+from fedcli.fl.strategies import REGISTRY
 
 EVERYONE = "all"  # the receiver of a collective (all-reduce) contribution
-TRAINING_KINDS = ("model", "buffer", "all-reduce")
-KINDS = (*TRAINING_KINDS, "eval")  # eval: models sent only to be tested on another node's test set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +37,7 @@ class Transport(abc.ABC):
         self.transfers: list[Transfer] = []
 
     def record(self, round_: int, sender: str, receiver: str, kind: str, size: int) -> None:
-        if kind not in KINDS:
+        if kind not in REGISTRY.transfer_kinds():  # those strategies declare, and eval
             raise ValueError(f"unknown transfer kind {kind!r}")
         if sender == receiver:
             raise ValueError(f"{sender} cannot send to itself")

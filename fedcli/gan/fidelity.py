@@ -23,7 +23,7 @@ import torch
 from fedcli.errors import UserError
 from fedcli.fl.evaluate import predict
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl.local import LocalSettings, train_local
+from fedcli.fl.local import Batches, LocalSettings, train_local
 from fedcli.models.classifier import build_classifier
 from fedcli.rng import stream_seed, torch_stream
 
@@ -38,6 +38,12 @@ class Budget:
     batch: int = 32
     seeds: int = 3
     augment: tuple[str, ...] = ()
+
+
+def config_budget(cfg, manifest) -> Budget:
+    """A train-gan config's fidelity budget (`--fidelity-*`), with the partition's augmentations."""
+    return Budget(model=cfg.fidelity_model, epochs=cfg.fidelity_epochs, lr=cfg.fidelity_lr, batch=cfg.fidelity_batch,
+                  seeds=cfg.fidelity_seeds, augment=tuple(manifest.data.get("augment", ())))
 
 
 def accuracy(model: torch.nn.Module, source: TensorSource, device: str) -> float:
@@ -69,8 +75,8 @@ def train_classifier(source: TensorSource, budget: Budget, epoch_size: int, in_c
     model = build_classifier(budget.model, in_channels, num_classes, stream_seed(seed, node, f"{purpose}-init", *rest))
     model = model.to(device)
     settings = LocalSettings(epochs=budget.epochs, lr=budget.lr, batch=budget.batch, augment=budget.augment)
-    steps = train_local(model, source, None, settings, torch_stream(seed, node, purpose, *rest), device,
-                        epoch_size=epoch_size)
+    batches = Batches(source, None, settings, torch_stream(seed, node, purpose, *rest), epoch_size)
+    steps = train_local(model, batches, settings, device)
     return model, steps
 
 

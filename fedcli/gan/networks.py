@@ -183,7 +183,34 @@ class SynthesisBlock(nn.Module):
         return x, y
 
 
+MEAN_SAMPLES = 1000  # mapped z per class for the class's mean w, the projection's start
+
+
+@torch.no_grad()
+def class_mean_w(generator, z_dim: int, classes: list[int], samples: int, stream: torch.Generator
+                 ) -> tuple[dict, float]:
+    """Mean w per class from `samples` z of size `z_dim` through `generator.mapping` each, and the spread of
+    w (for the projector's exploration noise)."""
+    means, spreads = {}, []
+    device = next(generator.parameters()).device
+    for c in classes:
+        z = torch.randn(samples, z_dim, generator=stream).to(device)
+        w = generator.mapping(z, torch.full((samples,), c, dtype=torch.long, device=device))
+        means[c] = w.mean(dim=0)
+        spreads.append(((w - means[c]).square().sum(dim=1).mean()).sqrt().item())
+    return means, sum(spreads) / len(spreads)
+
+
+def class_mean_start(generator, z_dim: int, labels: torch.Tensor, stream: torch.Generator
+                     ) -> tuple[torch.Tensor, float]:
+    """Each image's starting w for the audit's projection: its class's mean w."""
+    means, spread = class_mean_w(generator, z_dim, sorted(set(labels.tolist())), MEAN_SAMPLES, stream)
+    return torch.stack([means[int(c)] for c in labels]), spread
+
+
 class Generator(nn.Module):
+    """The StyleGAN kind's generator: a Sampler and Invertible (fedcli/generators.py) in W space."""
+
     def __init__(self, arch: Architecture):
         super().__init__()
         self.arch = arch
@@ -235,6 +262,20 @@ class Generator(nn.Module):
     def forward(self, z: torch.Tensor, labels: torch.Tensor, noise_mode: str = "random",
                 generator: torch.Generator | None = None, truncation: float = 1.0) -> torch.Tensor:
         return self.synthesis(self.styles(z, labels, truncation), noise_mode, generator)
+
+    def sample(self, labels: torch.Tensor, stream: torch.Generator, truncation: float = 1.0) -> torch.Tensor:
+        z = torch.randn(len(labels), self.arch.z_dim, generator=stream)
+        return self(z.to(labels.device), labels, generator=stream, truncation=truncation)
+
+    def start(self, labels: torch.Tensor, stream: torch.Generator) -> tuple[torch.Tensor, float]:
+        return class_mean_start(self, self.arch.z_dim, labels, stream)
+
+    def render(self, latents: torch.Tensor, noise: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Images from one w per image, with the layers' fixed noise or the given maps."""
+        return self.synthesis(latents, noise_mode="const", noise=noise)
+
+    def noise_shapes(self) -> list[tuple[int, ...]]:
+        return [(1, layer.resolution, layer.resolution) for layer in self.noise_layers]
 
 
 class DiscriminatorBlock(nn.Module):

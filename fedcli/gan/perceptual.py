@@ -54,6 +54,7 @@ class Perceptual(nn.Module):
                 torch.manual_seed(stream_seed(random_seed or 0, "lpips-random-backbone", net))
                 model = lpips.LPIPS(net=net, pretrained=True, pnet_rand=True, verbose=False)
         source = None if random_seed is not None else weights or hub_checkpoint(HUB_FILES[net])
+        self.net = net
         self.weights_sha256 = None  # of the backbone's weights file, so the audit can check it uses the same
         if random_seed is not None:
             self.name, self.calibrated = f"{net}-random-{random_seed}", False
@@ -67,6 +68,11 @@ class Perceptual(nn.Module):
                           f"random {net}, named '{self.name}': its distances are uncalibrated")
         self.model = model.eval().requires_grad_(False)
         self.lin_weights = [lin.model[-1].weight.detach().flatten() for lin in model.lins]
+
+    def record(self) -> dict:
+        """What train-gan records of the LPIPS network a generator was trained against: the audit checks that
+        it measures in the same one."""
+        return {"net": self.net, "name": self.name, "calibrated": self.calibrated, "weights_sha256": self.weights_sha256}
 
     @staticmethod
     def _load_backbone(model, state: dict, net: str) -> None:

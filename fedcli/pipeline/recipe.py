@@ -18,9 +18,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedcli.config import (RECIPE_TABLES, SELECT_KEYS, SELECT_ONLY_FOR, AuditConfig, FederateConfig, GanConfig, Metric,
-                           PartitionConfig, ReportConfig, coerce, read_recipe, stage_values)
+from fedcli.config import (RECIPE_TABLES, AuditConfig, GanConfig, Metric, PartitionConfig, ReportConfig, coerce,
+                           read_recipe, stage_values)
 from fedcli.errors import UserError
+from fedcli.fl.federate_config import FederateConfig, select_keys, varies_for
 from fedcli.subexperiments import key_values
 
 STAGE_CLASSES = {"partition": PartitionConfig, "train_gan": GanConfig, "federate": FederateConfig,
@@ -124,7 +125,7 @@ class Recipe:
 
     def grid(self, strategy: str) -> list[dict[str, Any]]:
         """The [select] grid points that make a difference to `strategy`."""
-        keys = [k for k in SELECT_KEYS if k in self.select and strategy in SELECT_ONLY_FOR.get(k, {strategy})]
+        keys = [k for k in select_keys() if k in self.select and varies_for(k, strategy)]
         return [dict(zip(keys, combo)) for combo in itertools.product(*(self.select[k] for k in keys))]
 
 
@@ -195,13 +196,13 @@ def parse_select(table: dict[str, Any], origin: str) -> dict[str, Any]:
                 raise UserError(f"{origin}: select.folds must be at least 2, got {select['folds']}")
         elif name == "metric":
             select["metric"] = coerce(value, Metric, f"{origin}: select.metric")
-        elif name in SELECT_KEYS:
+        elif name in select_keys():
             if not isinstance(value, list) or not value:
                 raise UserError(f"{origin}: select.{key} must be a non-empty list (the grid's values)")
             select[name] = [stage_values(FederateConfig, "federate", {name: v}, f"{origin} [select]")[name]
                             for v in value]
         else:
-            raise UserError(f"{origin}: unknown key select.{key}; valid keys: folds, metric, {', '.join(SELECT_KEYS)}")
-    if not any(k in select for k in SELECT_KEYS):
-        raise UserError(f"{origin}: [select] needs at least one grid list ({', '.join(SELECT_KEYS)})")
+            raise UserError(f"{origin}: unknown key select.{key}; valid keys: folds, metric, {', '.join(select_keys())}")
+    if not any(k in select for k in select_keys()):
+        raise UserError(f"{origin}: [select] needs at least one grid list ({', '.join(select_keys())})")
     return select

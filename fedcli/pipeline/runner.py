@@ -23,16 +23,14 @@ from typing import Any
 import numpy as np
 
 from fedcli import console
-from fedcli.config import LOWER_IS_BETTER, METRIC_COLUMNS, SELECT_ONLY_FOR, SERVER_ONLY, FederateConfig, to_json
+from fedcli.config import LOWER_IS_BETTER, METRIC_COLUMNS, to_json
 from fedcli.data.manifest import Manifest
-from fedcli.fl.strategies import NEEDS_BUFFERS
+from fedcli.fl.federate_config import FederateConfig, resolved_options
+from fedcli.fl.strategies import REGISTRY
 from fedcli.locking import locked
 from fedcli.pipeline.ledger import Ledger, fingerprint
 from fedcli.pipeline.recipe import NOT_FINGERPRINTED, Point, Recipe
 from fedcli.subexperiments import key_values
-
-BUFFER_KEYS = ("buffer_size", "lam", "buffer_codec")
-
 
 class Runner:
     def __init__(self, recipe: Recipe, exp: Path):
@@ -76,7 +74,7 @@ class Runner:
         g_fp = fingerprint("train-gan", plain(gan), [p_fp])
         self.unit(folder, point.name, "train-gan", g_fp, "gan", lambda: stage_run("fedcli.gan.stage", gan))
         for strategy in fed.strategy:
-            upstream = [p_fp, g_fp] if strategy in NEEDS_BUFFERS else [p_fp]
+            upstream = [p_fp, g_fp] if REGISTRY[strategy].needs_buffers else [p_fp]
             chosen, select_fps = self.select(folder, point.name, fed, strategy, upstream, part.folds)
             cfg = dataclasses.replace(fed, strategy=(strategy,), **chosen)
             fp = fingerprint(f"federate:{strategy}", federate_key(cfg), upstream + select_fps)
@@ -183,17 +181,11 @@ def plain(cfg) -> dict[str, Any]:
 
 
 def federate_key(cfg: FederateConfig) -> dict[str, Any]:
-    """The options that can change one strategy's result (mu only FedProx's, the server optimiser's only the
-    adaptive strategies', buffer options only replay's)."""
+    """The options that can change one strategy's result: the shared ones and those the strategy declares,
+    resolved (so an option only other strategies declare, or its default given explicitly, changes nothing)."""
     (strategy,) = cfg.strategy
-    key = plain(cfg)
-    if strategy not in NEEDS_BUFFERS:
-        for name in BUFFER_KEYS:
-            key.pop(name)
-    for name, users in {**SELECT_ONLY_FOR, **SERVER_ONLY}.items():
-        if strategy not in users:
-            key.pop(name)
-    return key
+    options = REGISTRY.options()
+    return {k: v for k, v in plain(cfg).items() if k not in options} | resolved_options(cfg, strategy)
 
 
 def validation_score(folder: Path, folds: int, metric: str) -> float:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from fedcli.artifact_kinds import CONFIG, stale_inputs
 from fedcli.errors import UserError
-from fedcli.fl.strategies import SHARED_MODELS
+from fedcli.fl.strategies import REGISTRY
 from fedcli.subexperiments import key_values, point_values
 
 SEED_KEY = "partition.seed"
@@ -132,9 +132,8 @@ def finished(folder: Path) -> list[Path]:
 
 
 def strategy_order(name: str) -> int:
-    from fedcli.fl.strategies import STRATEGIES
-
-    return STRATEGIES.index(name) if name in STRATEGIES else len(STRATEGIES)
+    names = REGISTRY.names()
+    return names.index(name) if name in names else len(names)
 
 
 def load_sub(folder: Path) -> SubExperiment:
@@ -205,7 +204,7 @@ def final_rows(metrics: pd.DataFrame) -> pd.DataFrame:
 
 def own_rows(metrics: pd.DataFrame) -> pd.DataFrame:
     """Rows of each node's model (or the one shared model) on that node's own test set."""
-    return metrics[(metrics.model_node == metrics.test_node) | metrics.model_node.isin(SHARED_MODELS)]
+    return metrics[(metrics.model_node == metrics.test_node) | metrics.model_node.isin(REGISTRY.shared_model_keys())]
 
 
 def own_scores(metrics: pd.DataFrame, metric: str) -> dict[str, float]:

@@ -19,7 +19,7 @@ from fedcli.artifact_kinds import load_recorded
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.evaluate import metric_values, percentile_interval, resample_counts
-from fedcli.fl.strategies import SHARED_MODELS
+from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import PREDICTIONS
 from fedcli.report.collect import Run, SubExperiment
 
@@ -34,7 +34,7 @@ def own_predictions(run: Run, nodes: list[str], classes: int) -> dict[str, tuple
     tensors, _ = load_recorded(path, f"{run.strategy}'s test-set predictions", fix)
     out = {}
     for node in nodes:
-        key = next((f"{k}/{node}" for k in (node, *SHARED_MODELS) if f"{k}/{node}" in tensors), None)
+        key = next((f"{k}/{node}" for k in (node, *REGISTRY.shared_model_keys()) if f"{k}/{node}" in tensors), None)
         labels = tensors.get(f"labels/{node}")
         if key is None or labels is None:
             return None  # a distributed run with this node elsewhere: nothing to pair on

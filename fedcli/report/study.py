@@ -15,14 +15,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from fedcli.config import LOWER_IS_BETTER, SELECT_KEYS, SELECT_ONLY_FOR, architectures
-from fedcli.fl.transport import EVERYONE, KINDS
+from fedcli.config import LOWER_IS_BETTER, architectures
+from fedcli.fl.federate_config import select_keys, varies_for
+from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.transport import EVERYONE
 from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, cross_scores, dp_label, own_rows, own_scores
 from fedcli.report.paired import paired_bootstrap_frame
 
-BASELINES = ("feder", "standalone", "central", "central-synthetic", "central-mixed")
-FEDERATED = ("feder", "fedavg", "fedprox", "fedbn", "fedadam", "fedyogi", "fedadagrad", "scaffold")
-VARIANTS = ("feder", "feder-a", "feder-b")
+# the table families strategies declare (fl/strategies/): Tables 2, 4 and the paired table, 7, and 3
+BASELINES, FEDERATED, VARIANTS, CONVERGENCE = "baselines", "federated", "variants", "convergence"
 MB = 1e6
 
 
@@ -50,9 +51,10 @@ class Missing:
 Built = ReportTable | Missing
 
 
-def strategies_in(subs: list[SubExperiment], wanted) -> list[str]:
+def strategies_in(subs: list[SubExperiment], family: str) -> list[str]:
+    """The strategies of a table family (fl/strategies/) that the sub-experiments ran, in the registry's order."""
     present = {r.strategy for s in subs for r in s.runs}
-    return [name for name in wanted if name in present]
+    return [name for name in REGISTRY.family(family) if name in present]
 
 
 def distinct(subs: list[SubExperiment], strategy: str) -> list[SubExperiment]:
@@ -164,7 +166,7 @@ def table2(subs: list[SubExperiment], metric: str) -> Built:
 
 def table3(subs: list[SubExperiment], metric: str) -> Built:
     title = "Table 3. Node convergence: every node model on each node's test set"
-    present = [s for s in strategies_in(subs, ("feder", "standalone"))]
+    present = strategies_in(subs, CONVERGENCE)
     nodes = nodes_of(subs)
     if "feder" not in present:
         return Missing(title, "federate --strategy feder (and standalone to compare)")
@@ -317,26 +319,25 @@ def interval(differences: list[float]) -> str:
     return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
 
 
-AS_TRAINED_ON = {"feder": "real + received buffer", "feder-a": "real + received buffer",
-                 "feder-b": "own + received buffer", "central": "pooled real", "central-synthetic": "pooled buffers",
-                 "central-mixed": "pooled real + buffers"}  # every other strategy: the node's real images
-
-
 BN_TOLERANCE = 0.02  # the largest |refreshed - stored| a final accuracy may show and still be the weights' own
-AVERAGED = {"fedavg": "the average: one set of statistics shared by hospitals that differ",
-            "fedprox": "the average: one set of statistics shared by hospitals that differ",
-            "fedbn": "the average: local statistics estimated under weights the last average moved"}
+
+
+def as_trained_on(name: str) -> str | None:
+    """The batches a strategy's nodes train on, where its declaration names them."""
+    declared = REGISTRY.get(name)
+    return declared.as_trained_on if declared is not None else None
 
 
 def batchnorm_reading(name: str, refreshed_gap: float, as_trained_gap: float) -> str:
     """What a strategy's largest BatchNorm gaps say: sound, lag, the training mix, or the average."""
     if refreshed_gap <= BN_TOLERANCE:
         return "sound"
-    if name in AVERAGED:
-        return AVERAGED[name]
+    declared = REGISTRY.get(name)
+    if declared is not None and declared.bn_averaged:
+        return declared.bn_averaged
     if as_trained_gap > BN_TOLERANCE:
         return "lag: the statistics trail the weights"
-    return f"the training mix ({AS_TRAINED_ON.get(name, 'real images, augmented as in training')}), not lag"
+    return f"the training mix ({as_trained_on(name) or 'real images, augmented as in training'}), not lag"
 
 
 def batchnorm_table(subs: list[SubExperiment], metric: str) -> Built:
@@ -356,7 +357,7 @@ def batchnorm_table(subs: list[SubExperiment], metric: str) -> Built:
                       "as trained": Stat.of([f.accuracy_refreshed_as_trained.mean() for f in own]),
                       "largest gap, refreshed vs stored": Stat.of(refreshed_gaps),
                       "largest gap, as trained vs stored": Stat.of(as_trained_gaps),
-                      "as trained on": AS_TRAINED_ON.get(name, "the node's real images"),
+                      "as trained on": as_trained_on(name) or "the node's real images",
                       "reading": batchnorm_reading(name, max(refreshed_gaps), max(as_trained_gaps))}
     frame = pd.DataFrame(rows).T
     frame.index.name = "strategy"
@@ -398,7 +399,7 @@ def table8(subs: list[SubExperiment], metric: str) -> Built:
             received = training[training.receiver.isin([*nodes, EVERYONE])].bytes.sum() / n  # ring: as sent
             per_rep["training sent/node (MB)"].append(sent / MB)
             per_rep["training received/node (MB)"].append(received / MB)
-            for kind in KINDS:
+            for kind in REGISTRY.transfer_kinds():
                 per_rep[f"{kind} (MB)"].append(comm[comm.kind == kind].bytes.sum() / n / MB)
             per_rep["training sent/node/round (MB)"].append(sent / rounds / MB)
         if per_rep:
@@ -424,10 +425,11 @@ def table1(subs: list[SubExperiment], metric: str) -> Built:
     if not runs:
         return Missing(title, "cross-validation runs: a [select] table in the recipe, or federate --cv")
     nodes = nodes_of(subs)
-    keys = [k for k in SELECT_KEYS if len({r.config.get(k) for _, r in runs}) > 1] or ["rounds", "epochs"]
+    keys = [k for k in select_keys() if len({r.config.get(k) for _, r in runs if varies_for(k, r.strategy)}) > 1] \
+        or ["rounds", "epochs"]
     cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for _, r in runs:
-        label = (r.strategy, *(r.config.get(k) if r.strategy in SELECT_ONLY_FOR.get(k, {r.strategy}) else "-"
+        label = (r.strategy, *(r.config.get(k) if varies_for(k, r.strategy) else "-"
                                for k in keys))
         scores = own_scores(r.metrics, metric)
         for node in nodes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from fedcli.fl.strategies import SHARED_MODELS
+from fedcli.fl.strategies import REGISTRY
 
 
 def gan_table(summaries: list[dict]) -> Table:
@@ -57,7 +57,7 @@ def final_round(rows: list[dict]) -> list[dict]:
 def own_model_row(rows: list[dict], node: str) -> dict | None:
     """The model a node ends up with, on its own test set: its own model, or the shared one."""
     for r in rows:
-        if r["test_node"] == node and (r["model_node"] == node or r["model_node"] in SHARED_MODELS):
+        if r["test_node"] == node and (r["model_node"] == node or r["model_node"] in REGISTRY.shared_model_keys()):
             return r
     return None
 
@@ -93,7 +93,7 @@ def node_convergence_table(runs, nodes: list[str], metric: str = "accuracy") -> 
         for node in nodes:
             values = [r[metric] for r in rows if r["test_node"] == node and r["model_node"] in nodes]
             if not values:
-                values = [r[metric] for r in rows if r["test_node"] == node and r["model_node"] in SHARED_MODELS]
+                values = [r[metric] for r in rows if r["test_node"] == node and r["model_node"] in REGISTRY.shared_model_keys()]
             std = np.std(values, ddof=1) if len(values) > 1 else 0.0
             cells.append(f"{np.mean(values):.3f} ± {std:.3f}")
         table.add_row(run.strategy, *cells)

@@ -24,13 +24,14 @@ from pathlib import Path
 import pandas as pd
 import torch.distributed as dist
 
-from fedcli.config import FederateConfig, to_json
+from fedcli.config import to_json
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.distributed.group import published_verdict
 from fedcli.fl.distributed.worker import MISMATCH_EXIT, log_path
-from fedcli.fl.stage import StrategyRun, buffer_user, check_outputs, checkpoint_dir, load_buffer, planned_runs, \
+from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.runs import StrategyRun, buffer_user, check_outputs, checkpoint_dir, load_buffer, planned_runs, \
     run_outputs
 from fedcli.layout import federate_dir
 from fedcli.locking import TOKEN, TOKEN_ENV, locked

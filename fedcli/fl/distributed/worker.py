@@ -22,18 +22,20 @@ from pathlib import Path
 
 from fedcli.artifact_kinds import file_sha256
 from fedcli.artifacts import canonical_json, load_tensors, save_tensors
-from fedcli.config import FederateConfig, stage_values, to_json
+from fedcli.config import stage_values, to_json
 from fedcli.data.node_manifest import NodeManifest, load_node_manifest
 from fedcli.devices import distributed_backend, resolve_device, torch_threads
 from fedcli.errors import UserError, environment_message
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.distributed.group import Group
 from fedcli.fl.distributed.transport import TorchTransport
-from fedcli.fl.engine import NodeImages, run_rounds
+from fedcli.fl import engine
+from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.node_data import NodeImages
 from fedcli.fl.progress import RoundProgress
-from fedcli.fl.stage import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, federation, \
-    load_buffer, planned_runs, run_label, run_outputs, strategy_config, write_output
-from fedcli.fl.strategies import make_strategy
+from fedcli.fl.runs import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
+    planned_runs, run_label, run_outputs, run_seed, strategy_config, write_output
+from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir, inside
 from fedcli.locking import locked
 
@@ -141,24 +143,25 @@ class Rank:
         cfg, node = self.cfg, self.node
         out = federate_dir(cfg.exp, name, fold)
         transport = TorchTransport(self.group, run_label(name, fold))
-        fed = federation(cfg, self.manifest, self.device, fold, self.buffers, self.images,
-                         transport=transport, local_nodes=[node], cross_eval=cfg.cross_eval)
+        fed = engine.build(cfg, self.manifest, run_seed(cfg, self.manifest), device=self.device, fold=fold,
+                           buffers=self.buffers, images=self.images, transport=transport, local_nodes=[node],
+                           cross_eval=cfg.cross_eval)
         resolved = strategy_config(cfg, self.manifest, name, fold, self.buffer_info)
-        strategy = make_strategy(name, cfg.mu, resolved["buffer_size"] or 0, cfg.server())
+        strategy = REGISTRY.build(name, resolved)
         work = checkpoint_dir(out)
         self.log.info("%s: start (resume=%s)", run_label(name, fold), cfg.resume)
         started = time.perf_counter()
         with self.progress(run_label(name, fold)) as on_round:
-            rows, transfers = run_rounds(fed, strategy, cfg.rounds, cfg.eval_every,
-                                         Checkpoint(work, fed.nodes, local=[node]), computed(resolved), cfg.resume,
-                                         on_round)
+            rows, transfers = engine.run_rounds(fed, strategy, cfg.rounds, cfg.eval_every,
+                                                Checkpoint(work, fed.nodes, local=[node]), computed(resolved),
+                                                cfg.resume, on_round)
         sent = sum(t.bytes for t in transfers if t.sender == node)
         self.log.info("%s: done in %.2f s, %d bytes sent", run_label(name, fold), time.perf_counter() - started, sent)
         final = work / node / FINAL
         for key, model in strategy.models().items():
             save_tensors(final / "models" / f"{key}.safetensors",
                          {k: v.detach().cpu() for k, v in model.state_dict().items()})
-        save_tensors(final / PREDICTIONS, fed.own_predictions(strategy.models()))
+        save_tensors(final / PREDICTIONS, fed.evaluator.own_predictions(strategy.models()))
         self.group.exchange(f"{run_label(name, fold)}: writing the results", True)  # final models are on disk
         if self.group.rank == 0 or not self.shared_disk:
             folders = sorted(work.glob(f"*/{FINAL}")) if self.group.rank == 0 else [final]

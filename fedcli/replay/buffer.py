@@ -1,9 +1,11 @@
-"""The synthetic buffer a node shares: class-interleaved labels, uint8 images, prefix-stable.
+"""The synthetic buffer a node shares: uint8 images and their labels, whatever kind of generator made them.
 
-Images are generated in fixed chunks, each from a stream keyed by (seed, node, "buffer", chunk),
-so any prefix of a larger buffer equals the smaller buffer byte for byte, and a node sampled
-alone equals the same node sampled with the others. A buffer is read back only through
-`load_buffer_file`, which applies the checks its artifact kind names (fedcli/artifact_kinds.py).
+A sampled buffer has class-interleaved labels and is prefix-stable: images are generated in fixed chunks,
+each from a stream keyed by (seed, node, "buffer", chunk), so any prefix of a larger buffer equals the
+smaller buffer byte for byte, and a node sampled alone equals the same node sampled with the others. A
+decoded buffer (a kind that decodes codes of the node's real images) is written as the kind made it and
+flagged `decoded` in its metadata. A buffer is read back only through `load_buffer_file`, which applies
+the checks its artifact kind names (fedcli/artifact_kinds.py).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import torch
 
 from fedcli.artifact_kinds import buffer_problem, load_recorded
 from fedcli.errors import UserError
-from fedcli.gan.networks import Generator
+from fedcli.generators import Sampler
 from fedcli.layout import BUFFER
 from fedcli.rng import torch_stream
 
 CHUNK = 64
+LAYOUT = "images uint8 NCHW, labels int64"
+DECODED = "codes of the node's real images, decoded"  # the metadata's `decoded`, when the buffer is one
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
@@ -32,16 +36,14 @@ def interleaved_labels(classes: list[int], n: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample_buffer(generator: Generator, classes: list[int], size: int, seed: int, node: str,
+def sample_buffer(sampler: Sampler, classes: list[int], size: int, seed: int, node: str,
                   device: str = "cpu", truncation: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     chunks = math.ceil(size / CHUNK)
     labels = interleaved_labels(classes, chunks * CHUNK)
     images = []
     for k in range(chunks):
-        stream = torch_stream(seed, node, "buffer", k)
-        z = torch.randn(CHUNK, generator.arch.z_dim, generator=stream)
-        y = labels[k * CHUNK:(k + 1) * CHUNK]
-        made = generator(z.to(device), y.to(device), generator=stream, truncation=truncation)
+        made = sampler.sample(labels[k * CHUNK:(k + 1) * CHUNK].to(device), torch_stream(seed, node, "buffer", k),
+                              truncation)
         if not made.isfinite().all():  # uint8 would turn NaN into black images that federate trains on
             raise UserError(f"node {node}'s generator makes non-finite images (its training diverged); re-run "
                             "fedcli train-gan --overwrite with a lower --lr")
@@ -49,12 +51,16 @@ def sample_buffer(generator: Generator, classes: list[int], size: int, seed: int
     return torch.cat(images)[:size], labels[:size]
 
 
+def buffer_metadata(node: str, manifest_hash: str, decoded: bool = False) -> dict[str, str]:
+    return {"node": node, "manifest": manifest_hash, "layout": LAYOUT} | ({"decoded": DECODED} if decoded else {})
+
+
 def load_buffer_file(folder: Path, node: str, manifest, classes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Node `node`'s buffer from its GAN folder: as its config.json recorded, made for this node and this
     partition (`manifest`), uint8 images of the partition's shape, one label per image from `classes`."""
     what, fix = f"buffer of node {node}", f"re-run fedcli train-gan --node {node} --overwrite"
     tensors, _ = load_recorded(Path(folder) / BUFFER, what, fix,
-                            expect={"node": node, "manifest": manifest.content_hash})
+                               expect={"node": node, "manifest": manifest.content_hash})
     images, labels = tensors.get("images"), tensors.get("labels")
     shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])
     problem = buffer_problem(images, labels, shape, manifest.num_classes, classes)

@@ -1,0 +1,121 @@
+"""Evaluation of a run's models on the test sets of this process's nodes: metrics with bootstrap
+intervals, the ensemble of the node models, the final round's BatchNorm diagnostic, and the final
+predictions the report pairs strategies on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedcli.data.tensor_source import TensorSource
+from fedcli.fl.batchnorm_check import has_batchnorm, reestimated, refresh_batches
+from fedcli.fl.evaluate import evaluate, predict, resample_counts
+from fedcli.fl.node_data import NodeData
+from fedcli.fl.payloads import decode_model, encode_model
+from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.trainer import LocalTrainer
+from fedcli.fl.transport import Transport
+from fedcli.rng import torch_stream
+
+TrainedOn = Callable[[str], tuple[TensorSource, "TensorSource | None"]]  # node -> its last round's sources
+ENSEMBLE = "ensemble"
+
+
+class Evaluator:
+    def __init__(self, data: NodeData, trainer: LocalTrainer, transport: Transport, local_nodes: list[str],
+                 bootstrap: int = 1000, cross_eval: bool = True):
+        """`cross_eval`: evaluate every node's model, not only this process's (models then travel to every
+        test set)."""
+        self.data, self.trainer, self.transport = data, trainer, transport
+        self.local_nodes, self.bootstrap, self.cross_eval = local_nodes, bootstrap, cross_eval
+        self.seed, self.device = trainer.seed, trainer.device
+        self._counts: dict[str, np.ndarray] = {}
+
+    def shared_models(self, round_: int, models: dict[str, nn.Module]) -> dict[str, nn.Module]:
+        """`models` plus every other node's model of the same kind, fetched through the transport and
+        validated on receipt (cross-evaluation; in process, every model is already here)."""
+        nodes = self.data.nodes
+        own = {key: model for key, model in models.items() if key in nodes}
+        if not own or set(own) == set(nodes):
+            return models
+        received = self.transport.share(round_, {key: encode_model(m.state_dict()) for key, m in own.items()})
+        merged = {}
+        for key in nodes:
+            if key in own:
+                merged[key] = own[key]
+            else:  # checked against the sender's own architecture
+                merged[key] = self.trainer.new_model(key)
+                merged[key].load_state_dict(decode_model(received[key], merged[key].state_dict()))
+        return merged | {key: model for key, model in models.items() if key not in nodes}
+
+    def evaluate(self, strategy: str, round_: int, models: dict[str, nn.Module],
+                 trained_on: TrainedOn | None = None) -> list[dict]:
+        """The models on the test sets of this process's nodes; plus the ensemble (mean softmax) of the
+        node models when there are several. With `trained_on` (the final round), each row also holds
+        the BatchNorm diagnostic's accuracies (fl/batchnorm_check.py)."""
+        if self.cross_eval:
+            models = self.shared_models(round_, models)
+        probs = self.with_ensemble(models, self.probabilities(models))
+        manifest = self.data.manifest
+        rows = []
+        for key, per_node in probs.items():
+            for node, p in per_node.items():
+                y = self.data.test[node].labels.numpy()
+                counts = self.resample_counts(node)
+                rows.append({"round": round_, "strategy": strategy, "model_node": key, "test_node": node,
+                             "n_test": len(y), **evaluate(y, p, counts, manifest.positive_class,
+                                                          manifest["label_names"])})
+        if trained_on is not None:
+            train = self.data.train
+            real = self.probabilities(models, lambda node: (train[node], None), (), round_)
+            same = not self.data.augment and all(trained_on(node)[0] is train[node] and trained_on(node)[1] is None
+                                                 for node in self.local_nodes)  # one stream: the same statistics
+            as_trained = real if same else self.probabilities(models, trained_on, self.data.augment, round_)
+            variants = {"accuracy_refreshed": self.with_ensemble(models, real),
+                        "accuracy_refreshed_as_trained": self.with_ensemble(models, as_trained)}
+            for row in rows:
+                y = self.data.test[row["test_node"]].labels.numpy()
+                for column, p in variants.items():
+                    row[column] = float((p[row["model_node"]][row["test_node"]].argmax(axis=1) == y).mean())
+        return rows
+
+    def resample_counts(self, node: str) -> np.ndarray:
+        """The bootstrap resamples of a test set: drawn once per run, as every model and round shares them."""
+        if node not in self._counts:
+            self._counts[node] = resample_counts(self.seed, node, len(self.data.test[node]), self.bootstrap)
+        return self._counts[node]
+
+    def own_predictions(self, models: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+        """Each local node's own (or the shared) model's softmax on that node's test set, `<model key>/<test
+        node>`, with the labels, `labels/<test node>`: what the report pairs strategies on (report/paired.py)."""
+        shared = REGISTRY.shared_model_keys()
+        probs = self.probabilities({key: m for key, m in models.items() if key in self.local_nodes or key in shared})
+        out = {f"{key}/{node}": torch.from_numpy(p) for key, per_node in probs.items() for node, p in per_node.items()
+               if key in (node, *shared)}
+        return out | {f"labels/{node}": self.data.test[node].labels.clone() for node in self.local_nodes}
+
+    def probabilities(self, models: dict[str, nn.Module], refresh: TrainedOn | None = None,
+                      augment: tuple[str, ...] = (), round_: int = 0) -> dict[str, dict[str, np.ndarray]]:
+        """model key -> test node -> softmax; with `refresh`, each model's BatchNorm statistics are first
+        re-estimated on the batches `refresh(test node)` gives (augmented with `augment`), from one keyed
+        stream, so identical sources give identical statistics."""
+        out: dict[str, dict[str, np.ndarray]] = {key: {} for key in models}
+        for node in self.local_nodes:
+            for key, model in models.items():
+                if refresh is not None and has_batchnorm(model):
+                    primary, replay = refresh(node)
+                    batches = refresh_batches(primary, replay, self.trainer.batch_of(node), augment,
+                                              torch_stream(self.seed, node, round_, "bn-reestimate"))
+                    model = reestimated(model, batches, self.device)
+                out[key][node] = predict(model, self.data.test[node].images, self.device)
+        return out
+
+    def with_ensemble(self, models: dict[str, nn.Module], probs: dict[str, dict[str, np.ndarray]]) -> dict:
+        node_models = [key for key in models if key in self.data.nodes]
+        if len(node_models) > 1:
+            probs[ENSEMBLE] = {node: np.mean([probs[k][node] for k in node_models], axis=0)
+                               for node in self.local_nodes}
+        return probs

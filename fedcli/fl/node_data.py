@@ -1,0 +1,57 @@
+"""Every node's images as one process sees them: train and test sources, loaded lazily per node, and
+the buffers. A strategy that never asks for real training images (FedER-B) never reads them, and a
+distributed rank never reads another node's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fedcli.data.dataset import NodeDataset
+from fedcli.data.manifest import Manifest
+from fedcli.data.tensor_source import TensorSource
+
+
+class LazySources(dict):
+    """node -> TensorSource, loaded on first access."""
+
+    def __init__(self, load: Callable[[str], TensorSource]):
+        super().__init__()
+        self._load = load
+
+    def __missing__(self, node: str) -> TensorSource:
+        self[node] = source = self._load(node)
+        return source
+
+
+class NodeImages:
+    """Decoded node splits, shared by every strategy and fold of one federate run: each
+    (node, split, folds) is decoded once, not once per strategy."""
+
+    def __init__(self, manifest: Manifest):
+        self.manifest = manifest
+        self._cache: dict[tuple, TensorSource] = {}
+
+    def get(self, node: str, split: str, folds: list[int] | None) -> TensorSource:
+        key = (node, split, None if folds is None else tuple(folds))
+        if key not in self._cache:
+            data = NodeDataset(self.manifest, node, split, folds)
+            self._cache[key] = TensorSource(data.images, data.labels)
+        return self._cache[key]
+
+
+class NodeData:
+    """The sources of one run: with `fold` k, training uses the other train folds and testing fold k
+    (model selection); otherwise the train and test splits."""
+
+    def __init__(self, manifest: Manifest, buffers: Callable[[str], TensorSource], fold: int | None = None,
+                 images: NodeImages | None = None):
+        self.manifest, self.nodes = manifest, manifest.node_names
+        self.num_classes = manifest.num_classes
+        self.image_shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])
+        self.augment = tuple(manifest.data.get("augment", ()))
+        train_folds = None if fold is None else [f for f in range(manifest["folds"]) if f != fold]
+        self.images = images or NodeImages(manifest)
+        self.train = LazySources(lambda node: self.images.get(node, "train", train_folds))
+        self.test = LazySources(lambda node: self.images.get(node, "train", [fold]) if fold is not None
+                                else self.images.get(node, "test", None))
+        self.buffers = LazySources(buffers)

@@ -1,0 +1,155 @@
+"""What both engines do around a federate run: plan the (strategy, fold) runs and check their outputs,
+load the buffers, resolve and record a run's options, and write a strategy's folder."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from fedcli import console
+from fedcli.artifact_kinds import record_files
+from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, staged_output, write_csv, \
+    write_json
+from fedcli.data.manifest import Manifest
+from fedcli.data.tensor_source import TensorSource
+from fedcli.errors import UserError
+from fedcli.fl.batchnorm_check import COLUMNS as BN_COLUMNS, DIAGNOSTIC
+from fedcli.fl.checkpoint import Checkpoint
+from fedcli.fl.federate_config import ENGINE_OPTIONS, FederateConfig, resolved_options, without_strategy_options
+from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.transport import Transfer
+from fedcli.replay.buffer import load_buffer_file
+from fedcli.replay.record import read_gan_config
+from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir
+
+
+@dataclasses.dataclass
+class StrategyRun:
+    strategy: str
+    fold: int | None
+    out: Path
+    rows: list[dict]
+    nodes: list[str]
+
+
+def load_buffer(exp: Path, manifest: Manifest, node: str, size: int | None, strategy: str) -> TensorSource:
+    """The first `size` images of a node's buffer, after the checks of its artifact kind (its recorded
+    hash, node and partition; image shape; one label per image, each a class of the node)."""
+    folder = gan_dir(exp, node)
+    if not (folder / BUFFER).is_file():
+        raise UserError(f"strategy {strategy} needs node {node}'s synthetic buffer ({folder / BUFFER} is missing); "
+                        f"run fedcli train-gan --exp {exp} first")
+    saved = read_gan_config(exp, manifest, node)
+    images, labels = load_buffer_file(folder, node, manifest, saved.get("classes"))
+    size = len(labels) if size is None else size
+    if size > len(labels):
+        raise UserError(f"--buffer-size {size} exceeds node {node}'s buffer of {len(labels)} images; run "
+                        f"fedcli train-gan --sample-only --buffer-size {size}")
+    return TensorSource(images[:size].clone(), labels[:size].clone())
+
+
+def buffer_user(cfg: FederateConfig) -> str | None:
+    """The first strategy that reads the buffers, if any does."""
+    return next((s for s in cfg.strategy if REGISTRY[s].needs_buffers and cfg.buffer_size != 0), None)
+
+
+def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int | None]]:
+    """(strategy, fold) pairs, after the option checks every engine makes before training anything."""
+    if cfg.fold is not None and not 0 <= cfg.fold < manifest["folds"]:
+        raise UserError(f"--fold {cfg.fold} is not a fold of this partition (0..{manifest['folds'] - 1})")
+    folds = list(range(manifest["folds"])) if cfg.cv else [cfg.fold]
+    return [(name, fold) for name in cfg.strategy for fold in folds]
+
+
+def run_outputs(cfg: FederateConfig, runs: list[tuple[str, int | None]]) -> list[Path]:
+    return [federate_dir(cfg.exp, name, fold) for name, fold in runs]
+
+
+def check_outputs(cfg: FederateConfig, runs: list[tuple[str, int | None]], nodes: list[str],
+                  local: list[str] | None = None) -> None:
+    """Before training, with the outputs locked: each can be written, and neither a finished output nor
+    the checkpoint of an interrupted run is replaced unless asked (`local`: the nodes whose checkpoint
+    parts this process holds; None: every node)."""
+    for out in run_outputs(cfg, runs):
+        check_writable(out.parent)
+        checkpoint = Checkpoint(checkpoint_dir(out), nodes, local)
+        if cfg.resume:
+            if checkpoint.resume_point() is None:
+                check_output_free(out, cfg.overwrite)
+            continue
+        held = checkpoint.rounds()
+        if held and not cfg.overwrite:
+            raise UserError(f"{out} was interrupted after round {max(held)} (checkpoint in {checkpoint.folder}); "
+                            f"pass --resume to continue from round {max(held)}, or --overwrite to start over")
+        if held:
+            console.out.print(f"note: --overwrite: discarding the checkpoint of round {max(held)} in "
+                              f"{checkpoint.folder}", markup=False, soft_wrap=True)
+        check_output_free(out, cfg.overwrite)
+
+
+def run_seed(cfg: FederateConfig, manifest: Manifest) -> int:
+    return manifest["seed"] if cfg.seed is None else cfg.seed
+
+
+def strategy_config(cfg: FederateConfig, manifest: Manifest, name: str, fold: int | None,
+                    buffer_info: dict[str, dict]) -> dict:
+    """The resolved options of one run, as config.json records them: the shared ones and those the strategy
+    declares (given, or its defaults). `buffer_info`: every node's buffer hash and size, when buffers are used."""
+    inputs = {"manifest": manifest.content_hash}
+    options = resolved_options(cfg, name)
+    if REGISTRY[name].needs_buffers:
+        inputs |= {f"buffer:{n}": buffer_info[n]["sha256"] for n in manifest.node_names if n in buffer_info}
+        first = buffer_info[manifest.node_names[0]]["size"] if buffer_info else 0
+        options["buffer_size"] = cfg.buffer_size if cfg.buffer_size is not None else first
+    shared = {k: v for k, v in without_strategy_options(cfg).items() if k not in ("strategy", "resume", "overwrite")}
+    return shared | options | {"strategy": name, "fold": fold, "seed": run_seed(cfg, manifest),
+                               "init_epochs": cfg.init_epochs_resolved, "inputs": inputs}
+
+
+def computed(resolved: dict) -> dict:
+    """What decides a run's numbers: the resolved options less where the experiment lies and how the
+    run executes (engine, threads), so a moved experiment, or the other engine, resumes a checkpoint."""
+    return {k: v for k, v in resolved.items() if k not in ENGINE_OPTIONS and k != "exp"}
+
+
+def run_label(name: str, fold: int | None) -> str:
+    return name if fold is None else f"{name} fold {fold}"
+
+
+def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],
+                 predictions: dict[str, torch.Tensor], resolved: dict, overwrite: bool) -> None:
+    """metrics.csv, comm.csv, models/<key>.safetensors, predictions.safetensors (the final models' softmax on
+    their own test sets, with the labels) and config.json, replacing `out` at once."""
+    metrics = pd.DataFrame(rows)
+    with staged_output(out, overwrite=overwrite) as stage:
+        write_csv(stage / "metrics.csv", metrics.drop(columns=list(DIAGNOSTIC), errors="ignore"))
+        write_csv(stage / "bn_statistics.csv", batchnorm_frame(metrics))
+        write_csv(stage / "comm.csv", pd.DataFrame([t.__dict__ for t in transfers],
+                                                   columns=["round", "sender", "receiver", "kind", "bytes"]))
+        for key, state in states.items():
+            save_tensors(stage / "models" / f"{key}.safetensors", {k: v.detach().cpu() for k, v in state.items()})
+        save_tensors(stage / PREDICTIONS, predictions)
+        meta = provenance("federate", resolved, resolved["seed"], resolved["inputs"]) | {"files": record_files(stage)}
+        if resolved["fold"] is not None:
+            meta["note"] = cv_note(resolved["fold"])
+        write_json(stage / "config.json", meta)
+
+
+def batchnorm_frame(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The final round's BatchNorm diagnostic (fl/batchnorm_check.py), one row per model and test set."""
+    final = metrics[metrics["round"] == metrics["round"].max()].dropna(subset=list(DIAGNOSTIC))
+    return final.rename(columns={"accuracy": "accuracy_stored"})[list(BN_COLUMNS)].reset_index(drop=True)
+
+
+def checkpoint_dir(out: Path) -> Path:
+    """The hidden folder next to a strategy's output that holds its last completed round."""
+    return out.parent / f".{out.name}.checkpoint"
+
+
+def cv_note(fold: int | None) -> str:
+    return (f"validation on train fold {fold}: the GAN buffers were trained on all train folds, so they have "
+            "seen this validation fold")
+

@@ -1,0 +1,117 @@
+"""Averaging: FedAvg (McMahan et al. 2017) and FedBN (Li et al. 2021, BatchNorm stays local).
+
+Round 0 trains the common initial model for init-epochs on every node and averages it (FedER's M^0
+budget). Each round every node trains from the global model and the transport averages what the nodes
+share, weighted by train size or equally (`--weighting`) and summed exactly (a simulated server in
+process, an all-reduce between processes: no server), so every node ends with the same global model.
+Subclasses change one hook: the objective a node trains with (`objective`), what happens around a node's
+training (`train_node`), or how the average becomes the new global model (`merge`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from fedcli.fl.objectives import Objective, Supervised
+from fedcli.fl.strategies.base import Declaration, Strategy
+from fedcli.models.classifier import batchnorm_keys
+
+if TYPE_CHECKING:
+    from fedcli.fl.engine import Federation
+
+SHARED_STATISTICS = "the average: one set of statistics shared by hospitals that differ"
+
+
+class ServerAveraging(Strategy):
+    def __init__(self, name: str, options: Any = None, local_bn: bool = False):
+        self.name, self.options, self.local_bn = name, options, local_bn
+        self.global_model: nn.Module | None = None
+        self.bn_keys: set[str] = set()
+        self.local_state: dict[str, dict[str, torch.Tensor]] = {}  # FedBN: each node's BN tensors
+
+    def setup(self, fed: "Federation", train: bool = True) -> None:
+        """The common initial model; trained, round 0 is a round of init_epochs (FedER's M^0 budget)."""
+        self.global_model = fed.trainer.new_model("global")
+        self.bn_keys = batchnorm_keys(self.global_model) if self.local_bn else set()
+        bn_state = {k: v.clone() for k, v in self.global_model.state_dict().items() if k in self.bn_keys}
+        self.local_state = {node: copy.deepcopy(bn_state) for node in fed.local_nodes} if self.local_bn else {}
+        self.init_server(fed)
+        if train and fed.trainer.init_epochs:
+            self.train_and_average(fed, 0, fed.trainer.init_epochs)
+
+    def shared(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in state.items() if k not in self.bn_keys}
+
+    def node_model(self, fed: "Federation", node: str, shared_state: dict[str, torch.Tensor]) -> nn.Module:
+        model = fed.trainer.new_model(node)
+        model.load_state_dict({**shared_state, **self.local_state.get(node, {})})
+        return model
+
+    def run_round(self, fed: "Federation", round_: int) -> None:
+        self.train_and_average(fed, round_, fed.trainer.epochs)
+
+    def train_and_average(self, fed: "Federation", round_: int, epochs: int) -> None:
+        """Each node trains from the global model; the transport averages what they share."""
+        global_shared = self.shared(self.global_model.state_dict())
+        anchor = {k: v.detach().clone() for k, v in self.global_model.named_parameters()}
+        states = {}
+        for node in fed.local_nodes:
+            model = self.node_model(fed, node, global_shared)
+            self.train_node(fed, node, round_, model, epochs, anchor)
+            state = model.state_dict()
+            if self.local_bn:
+                self.local_state[node] = {k: v.detach().clone() for k, v in state.items() if k in self.bn_keys}
+            states[node] = self.shared(state)
+        averaged = fed.transport.average(round_, states, fed.averaging_weights())
+        self.global_model.load_state_dict({**self.global_model.state_dict(), **self.merge(fed, round_, averaged)})
+
+    def init_server(self, fed: "Federation") -> None:
+        """State kept beside the global model (server optimiser moments, control variates)."""
+
+    def objective(self, node: str, anchor: dict[str, torch.Tensor]) -> Objective:
+        """What `node` minimises in a round that started from the global parameters `anchor`."""
+        return Supervised()
+
+    def train_node(self, fed: "Federation", node: str, round_: int, model: nn.Module, epochs: int,
+                   anchor: dict[str, torch.Tensor]) -> int:
+        return fed.trainer.train(model, node, round_, fed.data.train[node], None, epochs, self.objective(node, anchor))
+
+    def merge(self, fed: "Federation", round_: int, averaged: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The new global state from the nodes' average: FedAvg takes the average itself."""
+        return averaged
+
+    def models(self) -> dict[str, nn.Module]:
+        if not self.local_bn:
+            return {"global": self.global_model}
+        shared = self.shared(self.global_model.state_dict())
+        return {node: self._personal(node, shared) for node in self.local_state}
+
+    def _personal(self, node: str, shared: dict[str, torch.Tensor]) -> nn.Module:
+        model = copy.deepcopy(self.global_model)
+        model.load_state_dict({**shared, **self.local_state[node]})
+        return model
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        states = {"global": self.global_model.state_dict()}
+        states.update({f"bn:{node}": bn for node, bn in self.local_state.items()})
+        return states
+
+    def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
+        self.setup(fed, train=False)
+        self.global_model.load_state_dict(states["global"])
+        for node in self.local_state:
+            self.local_state[node] = states[f"bn:{node}"]
+
+
+DECLARED = (
+    Declaration("fedavg", 30, "FedAvg: the nodes' models averaged every round", lambda o: ServerAveraging("fedavg", o),
+                model_key="global", transfers=("all-reduce",), families=("federated",), bn_averaged=SHARED_STATISTICS),
+    Declaration("fedbn", 32, "FedBN: FedAvg with BatchNorm layers kept local",
+                lambda o: ServerAveraging("fedbn", o, local_bn=True), transfers=("all-reduce",),
+                families=("federated",),
+                bn_averaged="the average: local statistics estimated under weights the last average moved"),
+)

@@ -1,0 +1,91 @@
+"""Local training of one run: the models' construction and the learning-rate budget shared by every
+strategy (init-epochs + R x E epochs), and the keyed stream of each (key, round)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sized
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedcli.config import architectures
+from fedcli.data.tensor_source import TensorSource
+from fedcli.errors import UserError
+from fedcli.fl.local import Batches, LocalSettings, train_local
+from fedcli.fl.node_data import NodeData
+from fedcli.fl.objectives import Objective
+from fedcli.models.classifier import build_classifier
+from fedcli.rng import stream_seed, torch_stream
+
+Compose = Callable[[TensorSource, "TensorSource | None", LocalSettings, torch.Generator], Sized]  # -> batches
+
+
+@dataclasses.dataclass
+class Budget:
+    """How long and how fast every strategy trains."""
+
+    epochs: int
+    init_epochs: int
+    rounds: int
+    lr: float
+    batch: int
+    node_batch: dict[str, int] = dataclasses.field(default_factory=dict)
+    lr_schedule: str = "constant"
+
+    def span(self, round_: int, epochs: int) -> tuple[float, float]:
+        """The fractions of the run's epochs (round 0's init-epochs, then R x E) done before and after
+        `epochs` epochs of round `round_`: where a learning-rate schedule stands."""
+        total = self.init_epochs + self.rounds * self.epochs
+        start = 0 if round_ == 0 else self.init_epochs + (round_ - 1) * self.epochs
+        return start / total, (start + epochs) / total
+
+
+class LocalTrainer:
+    def __init__(self, data: NodeData, budget: Budget, seed: int, device: str = "cpu",
+                 model: tuple[str, ...] | str = "cnn", pretrained: bool = False, model_weights: Path | None = None):
+        self.data, self.budget, self.seed, self.device = data, budget, seed, device
+        self.model_name, self.own_models = architectures(model)
+        self.pretrained, self.model_weights = pretrained, model_weights
+        for option, given in (("--node-batch", budget.node_batch), ("--model", self.own_models)):
+            unknown = sorted(set(given) - set(data.nodes))
+            if unknown:
+                raise UserError(f"{option} names {unknown[0]}, which is not a node; nodes: {', '.join(data.nodes)}")
+
+    @property
+    def epochs(self) -> int:
+        return self.budget.epochs
+
+    @property
+    def init_epochs(self) -> int:
+        return self.budget.init_epochs
+
+    def batch_of(self, key: str) -> int:
+        return self.budget.node_batch.get(key, self.budget.batch)
+
+    def new_model(self, key: str) -> nn.Module:
+        """A freshly initialised classifier; the same key always gives the same weights."""
+        model = build_classifier(self.own_models.get(key, self.model_name), self.data.image_shape[0],
+                                 self.data.num_classes, stream_seed(self.seed, "model-init", key), self.pretrained,
+                                 self.model_weights)
+        return model.to(self.device)
+
+    def rebuild(self, key: str, state: dict[str, torch.Tensor]) -> nn.Module:
+        """A model of `key`'s architecture holding `state`."""
+        model = self.new_model(key)
+        model.load_state_dict(state)
+        return model
+
+    def settings(self, key: str, round_: int, epochs: int) -> LocalSettings:
+        return LocalSettings(epochs=epochs, lr=self.budget.lr, batch=self.batch_of(key), augment=self.data.augment,
+                             schedule=self.budget.lr_schedule, span=self.budget.span(round_, epochs))
+
+    def train(self, model: nn.Module, key: str, round_: int, primary: TensorSource, replay: TensorSource | None,
+              epochs: int, objective: Objective | None = None, compose: Compose = Batches) -> int:
+        """`epochs` epochs over `primary` (replaying `replay`) from the stream of (key, round); the steps taken.
+        `compose` makes the batches from the sources (a strategy with other batches, such as two augmented
+        views of unlabelled images, brings its own) and `objective` their loss."""
+        settings = self.settings(key, round_, epochs)
+        batches = compose(primary, replay, settings, torch_stream(self.seed, key, round_, "local-train"))
+        return train_local(model, batches, settings, self.device, objective)

@@ -1,0 +1,233 @@
+"""The StyleGAN2 generator kind (fedcli/generators.py): FedER's two-phase GAN with the privacy loss.
+
+Per node: phase 1 (the standard generator), phase 2 (the released, privacy-preserving one) and its
+alpha-0 control (fedcli/gan/train.py); under --dp-epsilon one DP-SGD run stands in all three roles.
+With --controls also generator_reseeded.safetensors (the control from another random stream) and
+generator_tiny.safetensors (a GAN trained as long on a tiny subset of the node: the audit's tiny-node
+control); with --reference N generator_reference.safetensors (phase 1's recipe without the first N members
+the audit scores: the calibrated attack's reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fedcli import console
+from fedcli.config import GanConfig
+from fedcli.data.dataset import NodeDataset, to_float
+from fedcli.data.manifest import Manifest
+from fedcli.data.tensor_source import TensorSource
+from fedcli.errors import UserError
+from fedcli.gan import fid, fidelity, private
+from fedcli.gan.networks import Architecture, Generator
+from fedcli.gan.perceptual import Perceptual
+from fedcli.gan.progress import TrainingProgress
+from fedcli.gan.train import GanTrainer, TrainSettings, long_run, private_run, run_phases, standard_phase
+from fedcli.generators import CONTROL, RELEASED, STANDARD, Trained
+from fedcli.layout import (GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE, GENERATOR_RESEEDED,
+                           GENERATOR_TINY)
+from fedcli.replay.groups import interleave, matched_groups
+from fedcli.rng import numpy_stream, stream_seed, torch_stream
+
+
+class StyleGan2:
+    name = "stylegan2"
+    options = frozenset({
+        "iterations", "patience", "pp_iterations", "fid_every", "fid_images", "fid_factor", "alpha", "privacy_loss",
+        "privacy_scale", "batch", "lr", "r1_gamma", "ada_target", "ada_kimg", "ema_kimg", "style_mixing", "z_dim",
+        "w_dim", "channel_base", "channel_max", "lpips_net", "lpips_weights", "fid_weights", "controls", "tiny_node",
+        "reference", "dp_epsilon", "dp_delta", "dp_max_grad_norm"})
+    titles = {STANDARD: "standard GAN (phase 1)", RELEASED: "privacy-preserving GAN (phase 2, buffer)",
+              CONTROL: "control (phase 2 at alpha 0)"}
+
+    def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
+                device: str) -> NodeTraining:
+        arch = architecture(cfg, manifest)
+        plans = {}
+        for node in nodes:
+            reference_holdout(manifest, node, cfg.reference, seed)
+            plans[node] = dp_plan(cfg, manifest, node)
+        perceptual = Perceptual(cfg.lpips_net, cfg.lpips_weights).to(device)
+        return NodeTraining(cfg, manifest, seed, device, arch, perceptual, fid.inception_space(cfg.fid_weights, device),
+                            plans)
+
+    def build(self, record: dict) -> Generator:
+        return Generator(Architecture(**record["architecture"]))
+
+    def image_size(self, record: dict) -> int:
+        return record["architecture"]["resolution"]
+
+    def latent_sizes(self, record: dict) -> tuple[int, int]:
+        return record["architecture"]["z_dim"], record["architecture"]["w_dim"]
+
+
+def architecture(cfg: GanConfig, manifest: Manifest) -> Architecture:
+    try:
+        return Architecture(resolution=manifest["image_size"], channels=manifest["channels"],
+                            num_classes=manifest.num_classes, z_dim=cfg.z_dim, w_dim=cfg.w_dim,
+                            channel_base=cfg.channel_base, channel_max=cfg.channel_max)
+    except ValueError as exc:
+        raise UserError(f"the partition's image size cannot be a GAN resolution ({exc}); re-run fedcli partition "
+                        "with --image-size 16, 32, 64, ...") from exc
+
+
+def settings(cfg: GanConfig, resolution: int) -> TrainSettings:
+    """The trainer's settings, with each `auto` resolved: R1 gamma by the StyleGAN2-ADA heuristic, ADA
+    able to move p from 0 to 1 within a tenth of phase 1, the reference's EMA half-life."""
+    names = {f.name for f in dataclasses.fields(TrainSettings)}
+    values = {k: v for k, v in dataclasses.asdict(cfg).items() if k in names}
+    auto = {"r1_gamma": r1_gamma_auto(resolution, cfg.batch), "ada_kimg": cfg.iterations * cfg.batch / 1000 / 10,
+            "ema_kimg": 10 * cfg.batch / 32}
+    return TrainSettings(**(values | {k: auto[k] for k, v in values.items() if v == "auto"}))
+
+
+def r1_gamma_auto(resolution: int, batch: int) -> float:
+    """StyleGAN2-ADA's heuristic: 0.0002 x resolution^2 / batch."""
+    return 0.0002 * resolution ** 2 / batch
+
+
+def node_feature_space(cfg: GanConfig, manifest: Manifest, node: str, seed: int, train: TensorSource,
+                       device: str) -> fid.FeatureSpace:
+    """FID's offline feature space: a SmallCNN trained on the node's training images with the fidelity
+    score's lr, batch and epochs."""
+    budget = dataclasses.replace(fidelity.config_budget(cfg, manifest), model="cnn")
+    classifier, _ = fidelity.train_classifier(train, budget, len(train), manifest["channels"], manifest.num_classes,
+                                              (seed, node, "fid-features"), device)
+    return fid.classifier_space(classifier)
+
+
+def dp_plan(cfg: GanConfig, manifest: Manifest, node: str) -> private.DpPlan | None:
+    """The node's DP-SGD plan under --dp-epsilon: one D step per iteration, on its training images."""
+    if not cfg.private:
+        return None
+    return private.plan(cfg.dp_epsilon, cfg.dp_delta, cfg.dp_max_grad_norm, cfg.batch,
+                        len(manifest.records(node, "train")), cfg.iterations, node)
+
+
+def side_trainer(main: GanTrainer, data: NodeDataset, index: list[int], seed: int, node: str,
+                 purpose: str) -> GanTrainer:
+    """A fresh GAN like `main` (architecture, settings, networks) on some of the node's images, from its own
+    keyed initialisation and stream."""
+    return GanTrainer(main.arch, main.s, to_float(data.images[index]), data.labels[index], main.perceptual,
+                      main.features, torch_stream(seed, node, f"train-gan-{purpose}", device=main.device),
+                      init_seed=stream_seed(seed, node, f"gan-init-{purpose}"), device=main.device)
+
+
+def reference_holdout(manifest: Manifest, node: str, count: int, seed: int) -> list[int]:
+    """The train images the reference GAN must not see: the first `count` members the audit scores (its
+    groups for --max-images up to `count` are these images' first ones, whatever --max-images is)."""
+    if not count:
+        return []
+    train = manifest.records(node, "train")
+    held_out = sorted(matched_groups(train, manifest.records(node, "test"), count, seed, node)[0])
+    if len(train) - len(held_out) < 2:
+        raise UserError(f"--reference {count} leaves node {node} fewer than 2 of its {len(train)} train images "
+                        "for the reference GAN; lower --reference")
+    return held_out
+
+
+def tiny_node(labels: torch.Tensor, size: int, seed: int, node: str) -> list[int]:
+    """The tiny-node control's training images: `size` of the node's (at most a quarter of them), drawn
+    class by class in turn from keyed permutations, so every class the node holds is in it."""
+    count = min(size, len(labels) // 4)
+    pools = [list(numpy_stream(seed, node, "tiny-node", c).permutation(np.flatnonzero(labels.numpy() == c)))
+             for c in sorted(set(labels.tolist()))]
+    return sorted(int(i) for i in interleave(pools)[:count])
+
+
+@dataclasses.dataclass
+class NodeTraining:
+    """The StyleGAN kind's NodeTrainer: the run's options and the networks every node shares."""
+
+    cfg: GanConfig
+    manifest: Manifest
+    seed: int
+    device: str
+    arch: Architecture
+    perceptual: Perceptual
+    inception: fid.FeatureSpace | None
+    plans: dict[str, private.DpPlan | None]
+
+    def train(self, node: str, data: NodeDataset) -> Trained:
+        cfg, seed, device, dp = self.cfg, self.seed, self.device, self.plans[node]
+        features = self.inception or node_feature_space(cfg, self.manifest, node, seed,
+                                                        TensorSource(data.images, data.labels), device)
+        trainer = GanTrainer(self.arch, settings(cfg, self.arch.resolution), to_float(data.images), data.labels,
+                             self.perceptual, features, torch_stream(seed, node, "train-gan", device=device),
+                             init_seed=stream_seed(seed, node, "gan-init"), device=device, dp=dp,
+                             noise=torch_stream(seed, node, "train-gan-dp-noise", device=device))
+        rows: list[dict] = []
+        tiny_index, tiny = tiny_node(data.labels, cfg.tiny_node, seed, node) if cfg.controls else [], None
+        held_out = reference_holdout(self.manifest, node, cfg.reference, seed)
+        reference = None
+        with TrainingProgress(node, cfg.iterations, cfg.pp_iterations, cfg.controls, bool(cfg.reference)) as progress:
+            log = lambda row: (rows.append(row), progress.update(row))  # noqa: E731
+            reseed = stream_seed(seed, node, "train-gan-reseeded") if cfg.controls else None
+            phases = private_run(trainer, log) if dp else run_phases(trainer, log, reseed)
+            if cfg.controls:
+                tiny = long_run(side_trainer(trainer, data, tiny_index, seed, node, "tiny"), cfg.iterations, "tiny",
+                                log)
+            if cfg.reference:
+                kept = sorted(set(range(len(data))) - set(held_out))
+                reference, _ = standard_phase(side_trainer(trainer, data, kept, seed, node, "reference"), log,
+                                              "reference")
+        phase1, phase2, control, reseeded = phases
+        if phase2.stopped == "fid-factor" and phase2.iteration == 0:
+            console.warn(f"node {node}: the first phase-2 FID already exceeded {cfg.fid_factor} x the phase-1 FID, "
+                         "so the privacy-preserving generator is the standard one; lower --alpha or --fid-every")
+        generators = {}
+        for role, result in ((STANDARD, phase1), (RELEASED, phase2), (CONTROL, control)):
+            generators[role] = Generator(self.arch).to(device)
+            generators[role].load_state_dict(result.generator)
+        files = {GENERATOR: (phase2.generator, {"phase": "2", "node": node}),
+                 GENERATOR_PHASE1: (phase1.generator, {"phase": "1", "node": node}),
+                 GENERATOR_CONTROL: (control.generator, {"phase": "control", "node": node})}
+        if reseeded is not None:
+            files |= {GENERATOR_RESEEDED: (reseeded.generator, {"phase": "reseeded", "node": node}),
+                      GENERATOR_TINY: (tiny, {"phase": "tiny", "node": node})}
+        if reference is not None:
+            files[GENERATOR_REFERENCE] = (reference.generator, {"phase": "reference", "node": node})
+        names = metric_names(self.perceptual, features)
+        record = {"architecture": dataclasses.asdict(self.arch), "train_images": len(data), "device": device,
+                  "settings": dataclasses.asdict(trainer.s), "lpips": self.perceptual.record(),
+                  "fid": {"name": features.name, "calibrated": features.calibrated}, "metric_names": names,
+                  **phases_record(cfg, trainer, phases)}
+        if reseeded is not None:
+            record["tiny"] = {"images": len(tiny_index), "iterations": cfg.iterations, "alpha": 0.0,
+                              "stream": "train-gan-tiny", "member_ids": [data.records[i]["id"] for i in tiny_index]}
+        if reference is not None:
+            record["reference"] = {"fid": reference.fid, "best_iteration": reference.iteration,
+                                   "iterations": reference.iterations_run, "stopped": reference.stopped,
+                                   "images": len(data) - len(held_out), "stream": "train-gan-reference",
+                                   "held_out_ids": [data.records[i]["id"] for i in held_out]}
+        if dp:
+            record["dp"] = dp.record()
+        return Trained(generators, files, metrics_frame(rows, names), record)
+
+
+def phases_record(cfg: GanConfig, trainer: GanTrainer, phases) -> dict:
+    phase1, phase2, control, reseeded = phases
+    return {"phase1": {"fid": phase1.fid, "best_iteration": phase1.iteration, "iterations": phase1.iterations_run,
+                       "stopped": phase1.stopped},
+            "phase2": {"fid": phase2.fid, "kept_iteration": phase2.iteration, "iterations": phase2.iterations_run,
+                       "stopped": phase2.stopped, "fid_limit": cfg.fid_factor * phase1.fid,
+                       "privacy_reference": trainer.privacy_reference},
+            "control": {"fid": control.fid, "iterations": control.iterations_run, "alpha": 0.0},
+            **({"reseeded": {"fid": reseeded.fid, "iterations": reseeded.iterations_run, "alpha": 0.0,
+                             "stream": "train-gan-reseeded"}} if reseeded is not None else {})}
+
+
+def metric_names(perceptual: Perceptual, features: fid.FeatureSpace) -> dict[str, str]:
+    """Column names that carry the network behind each number, e.g. `fid[cnn-node]`."""
+    return {"l_pp": f"l_pp[{perceptual.name}]", "lpips_mean": f"lpips_mean[{perceptual.name}]",
+            "fid": f"fid[{features.name}]"}
+
+
+def metrics_frame(rows: list[dict], names: dict[str, str]) -> pd.DataFrame:
+    columns = ["phase", "iteration", "loss_g", "loss_d", "r1", "ada_p", "rt", "l_pp", "lpips_mean", "fid"]
+    return pd.DataFrame(rows).reindex(columns=columns).rename(columns=names)

@@ -1,0 +1,126 @@
+"""No import cycles between fedcli's packages and top-level modules, nor between the federate stage and the
+distributed engine: every import statement counts, function-local ones included, except those under
+`if TYPE_CHECKING:` (annotations only, never executed)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fedcli"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imported(module: str, path: Path) -> set[str]:
+    """The fedcli modules `module` imports (a `from package import name` names the submodule when it is one)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return {name for name in found if name == "fedcli" or name.startswith("fedcli.")}
+
+
+IMPORTS = {module: imported(module, path) for module, path in MODULES.items()}
+
+
+def graph(unit) -> dict[str, set[str]]:
+    """Edges between the units `unit` maps modules to (None: left out), self-loops dropped."""
+    edges: dict[str, set[str]] = {}
+    for module, targets in IMPORTS.items():
+        source = unit(module)
+        if source is None:
+            continue
+        edges.setdefault(source, set()).update(t for t in map(unit, targets) if t is not None and t != source)
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node], path[len(path):] = "open", [node]
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == "open":
+                return path[path.index(target):] + [target]
+            if target not in state and (cycle := walk(target)):
+                return cycle
+        state[node] = "done"
+        path.pop()
+        return None
+
+    return next((cycle for node in sorted(edges) if node not in state and (cycle := walk(node))), None)
+
+
+def top_level(module: str) -> str | None:
+    """fedcli.fl.stage -> fl, fedcli.config -> config; the fedcli package itself (its version) is no unit."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def stage_or_distributed(module: str) -> str:
+    """Every module itself, but the distributed engine's modules as one unit."""
+    return "fedcli.fl.distributed" if module.startswith("fedcli.fl.distributed") else module
+
+
+def reaches(edges: dict[str, set[str]], start: str, goal: str) -> list[str] | None:
+    """A path of imports from `start` to `goal`, or None."""
+    paths, seen = [[start]], {start}
+    while paths:
+        path = paths.pop(0)
+        for target in sorted(edges.get(path[-1], ())):
+            if target == goal:
+                return path + [goal]
+            if target not in seen:
+                seen.add(target)
+                paths.append(path + [target])
+    return None
+
+
+def test_the_reader_sees_function_local_imports_and_skips_type_checking_ones():
+    assert "fedcli.gan.stage" in IMPORTS["fedcli.cli"]  # imported inside the train-gan command
+    assert "fedcli.config" not in IMPORTS["fedcli.generators"]  # only under TYPE_CHECKING
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_cycle_between_fedcli_packages_and_top_level_modules():
+    cycle = find_cycle(graph(top_level))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_federate_stage_and_the_distributed_engine_do_not_import_each_other():
+    edges = graph(stage_or_distributed)
+    there, back = (reaches(edges, "fedcli.fl.stage", "fedcli.fl.distributed"),
+                   reaches(edges, "fedcli.fl.distributed", "fedcli.fl.stage"))
+    assert not (there and back), "import cycle: " + " -> ".join(there + back[1:])

@@ -1,0 +1,160 @@
+"""The strategy registry: every registered strategy resumes to its uninterrupted numbers, ignores the
+options it does not declare, and gives the in-process numbers on the distributed engine. A strategy
+added to the registry joins these tests with no edit here."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import copy_exp
+from fedcli.artifacts import load_tensors, read_json
+from fedcli.errors import UserError
+from fedcli.fl import stage
+from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.strategies import REGISTRY, Registry
+from fedcli.fl.strategies.base import Declaration, option
+from fedcli.pipeline.runner import federate_key
+from fedcli.report import study
+from fedcli.report.collect import load_experiment
+
+NAMES = REGISTRY.names()
+DISTRIBUTED = [name for name in NAMES if REGISTRY[name].distributed]
+RUN = dict(rounds=2, epochs=1, bootstrap=20, threads=1)  # one thread: CPU numbers depend on the count
+FILES = ("metrics.csv", "bn_statistics.csv", "comm.csv")
+
+
+@pytest.fixture(scope="module")
+def fl_exp(gan3_exp):
+    return gan3_exp
+
+
+@pytest.fixture(scope="module")
+def reference(fl_exp, tmp_path_factory):
+    """Every registered strategy, run uninterrupted in process."""
+    exp = copy_exp(fl_exp, tmp_path_factory.mktemp("reference"))
+    stage.run(FederateConfig(exp=exp, strategy=NAMES, **RUN))
+    return exp
+
+
+def models(exp, name) -> dict[str, dict[str, torch.Tensor]]:
+    folder = exp / "federate" / name / "models"
+    return {p.stem: load_tensors(p, "model") for p in sorted(folder.glob("*.safetensors"))}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_run_resumed_after_round_1_equals_the_uninterrupted_run(name, reference, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+
+    def crash(strategy, round_):
+        if round_ == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(FederateConfig(exp=exp, strategy=(name,), **RUN), after_round=crash)
+    assert not (exp / "federate" / name).exists()
+    stage.run(FederateConfig(exp=exp, strategy=(name,), resume=True, **RUN))
+    for file in FILES:
+        assert (exp / "federate" / name / file).read_bytes() == (reference / "federate" / name / file).read_bytes()
+    expected, got = models(reference, name), models(exp, name)
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key])
+
+
+def another_value(field: dataclasses.Field, annotation) -> object:
+    """A valid value of a strategy option other than its default."""
+    if typing.get_origin(annotation) is not typing.Literal:  # int | None: int
+        annotation = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
+    kind = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else annotation
+    if kind is bool:
+        return not field.default
+    if isinstance(kind, tuple):  # a Literal's values
+        return next(v for v in kind if v != field.default)
+    bounds = field.metadata["range"]
+    value = bounds.low + (bounds.high - bounds.low) / 3 if field.default is None else field.default / 2
+    return round(value) if kind is int else value
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_option_changes_the_fingerprint_only_of_the_strategies_that_declare_it(name, tmp_path):
+    base = FederateConfig(exp=tmp_path, strategy=(name,))
+    declared = {f.name for f in REGISTRY[name].option_fields()}
+    for option_name, field in REGISTRY.options().items():
+        value = another_value(field, REGISTRY.option_type(option_name))
+        changed = dataclasses.replace(base, **{option_name: value})
+        if option_name in declared:
+            assert federate_key(changed) != federate_key(base), option_name
+        else:
+            assert federate_key(changed) == federate_key(base), option_name
+    default = {f.name: getattr(REGISTRY[name].options(), f.name) for f in REGISTRY[name].option_fields()}
+    assert federate_key(dataclasses.replace(base, **default)) == federate_key(base)  # a default given is no change
+
+
+def test_every_strategy_that_runs_on_both_engines_gives_the_in_process_numbers_distributed(cli, reference, fl_exp,
+                                                                                          tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    cli.ok("federate", "--exp", exp, *[a for name in DISTRIBUTED for a in ("--strategy", name)], "--rounds", "2",
+           "--epochs", "1", "--bootstrap", "20", "--threads", "1", "--engine", "distributed", "--launch", "local",
+           "--cross-eval")
+    for name in DISTRIBUTED:
+        for file in ("metrics.csv", "bn_statistics.csv"):
+            pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / name / file),
+                                          pd.read_csv(reference / "federate" / name / file),
+                                          check_exact=False, rtol=0, atol=1e-6)
+        comm = pd.read_csv(exp / "federate" / name / "comm.csv")
+        training = comm[comm.kind != "eval"].reset_index(drop=True)
+        expected_comm = pd.read_csv(reference / "federate" / name / "comm.csv")
+        assert training.to_dict("records") == expected_comm.to_dict("records"), name  # standalone's: none
+        expected, got = models(reference, name), models(exp, name)
+        assert got.keys() == expected.keys(), name
+        assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key]), name
+        # cross-evaluation moves node models only, each to every other node, every evaluated round (0, 1, 2)
+        evals = comm[comm.kind == "eval"]
+        node_models = REGISTRY[name].model_key == "nodes"
+        assert len(evals) == (3 * 3 * 2 if node_models else 0), name
+        assert set(training.kind) <= set(REGISTRY[name].transfers), name  # what it declares it sends
+        inputs = [read_json(e / "federate" / name / "config.json", "config")["inputs"] for e in (reference, exp)]
+        assert inputs[1] == inputs[0], name
+    for node in ("node0", "node1", "node2"):
+        assert (exp / "logs" / f"{node}.log").is_file()
+    assert not list((exp / "federate").glob(".*checkpoint"))
+    tables = [study.table8(load_experiment(e), "accuracy").frame for e in (reference, exp)]
+    training_columns = [c for c in tables[1].columns if not c.startswith("eval")]
+    assert tables[0].loc[DISTRIBUTED, training_columns].astype(str).equals(tables[1][training_columns].astype(str))
+    assert "eval (MB)" in tables[1].columns and "eval (MB)" not in tables[0].columns
+    cli.ok("report", exp)
+    moved = ", ".join(name for name in DISTRIBUTED if REGISTRY[name].model_key == "nodes")
+    assert f"Cross-evaluation was on for {moved}:" in (exp / "report" / "report.md").read_text()
+
+
+def test_an_option_name_declared_with_another_meaning_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class Prox:
+        mu: float = option(0.01, 0, 1000, help="FedProx proximal weight.", select=True)
+
+    @dataclasses.dataclass(frozen=True)
+    class OtherMu:
+        mu: float = option(0.5, 0, 1, help="FixMatch's unlabelled ratio.")
+
+    @dataclasses.dataclass(frozen=True)
+    class SameMeaning:
+        mu: float = option(0.1, 0, 1000, help="FedProx proximal weight.", select=True)
+
+    registry = Registry()
+    registry.add(Declaration("a", 1, "a", lambda o: None, options=Prox))
+    registry.add(Declaration("b", 2, "b", lambda o: None, options=SameMeaning))  # another default is allowed
+    with pytest.raises(ValueError, match="another meaning"):
+        registry.add(Declaration("c", 3, "c", lambda o: None, options=OtherMu))
+    assert registry.names() == ("a", "b")
+    assert registry.resolved_options("b", {}).mu == 0.1 and registry.resolved_options("a", {"mu": 3}).mu == 3
+    with pytest.raises(UserError, match="must lie in"):
+        registry.resolved_options("a", {"mu": 1001})
+
+
+def test_no_node_may_take_a_model_key_that_a_strategy_produces():
+    assert {"global", "central", "ensemble"} <= set(REGISTRY.reserved_names())
+    assert set(REGISTRY.reserved_names()) == {d.model_key for d in REGISTRY if d.model_key != "nodes"} | {"ensemble"}
