@@ -63,7 +63,7 @@ def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fol
             if after_round is not None:
                 after_round(name, round_)
         rows, transfers = engine.run_rounds(fed, strategy, cfg.rounds, cfg.eval_every, Checkpoint(work, fed.nodes),
-                                     computed(resolved), cfg.resume, on_round)
+                                            computed(resolved), cfg.resume, on_round)
     states = {key: model.state_dict() for key, model in strategy.models().items()}
     write_output(out, rows, transfers, states, fed.evaluator.own_predictions(strategy.models()), resolved,
                  cfg.overwrite or cfg.resume)
