@@ -29,8 +29,9 @@ REAL_AND_RECEIVED = "real + received buffer"
 class ModelPassing(Strategy):
     def __init__(self, name: str, options: ReplayOptions | NoOptions, models_travel: bool, synthetic_only: bool,
                  ring: str):
-        self.name, self.options, self.models_travel = name, options, models_travel
-        self.replay = isinstance(options, ReplayOptions) and options.replay
+        self.name, self.models_travel = name, models_travel
+        self.replay_options = options if isinstance(options, ReplayOptions) and options.replay else None
+        self.replay = self.replay_options is not None
         self.objective = Supervised(options.lam) if isinstance(options, ReplayOptions) else Supervised()
         self.synthetic_only, self.ring = synthetic_only, ring
         self.node_models: dict[str, nn.Module] = {}
@@ -51,13 +52,13 @@ class ModelPassing(Strategy):
         successor = (topology.random_ring(fed.nodes, fed.seed, round_) if self.ring == "random"
                      else topology.fixed_ring(fed.nodes))
         predecessor = topology.predecessors(successor)
-        codec = getattr(self.options, "buffer_codec", None)
         for sender in fed.local_nodes:
             if self.models_travel:
                 fed.transport.send(round_, sender, successor[sender], "model",
                                    encode_model(self.node_models[sender].state_dict()))
             if self.replay:
-                fed.transport.send(round_, sender, successor[sender], "buffer", fed.exchange.payload(sender, codec))
+                payload = fed.exchange.payload(sender, self.replay_options.buffer_codec)
+                fed.transport.send(round_, sender, successor[sender], "buffer", payload)
         received = {}
         for node in fed.local_nodes:
             model = self.node_models[node]
