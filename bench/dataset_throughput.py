@@ -16,6 +16,7 @@ import torch
 from fedcli.config import PartitionConfig
 from fedcli.data.dataset import NodeDataset
 from fedcli.data.partition import run
+from fedcli.fl.strategies import REGISTRY
 
 REPEATS = 5
 
@@ -32,7 +33,7 @@ def best_of(fn, repeats: int = REPEATS) -> float:
 def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = run(PartitionConfig(exp=Path(tmp) / "exp", nodes=3, image_size=64))
+        manifest = run(PartitionConfig(exp=Path(tmp) / "exp", nodes=3, image_size=64), REGISTRY.reserved_names())
         start = time.perf_counter()
         ds = NodeDataset(manifest, "node0", "train", cache_dir=Path(tmp) / "cache")
         decode = time.perf_counter() - start

@@ -79,6 +79,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("predictions", ("predict/*.csv",), ""),
     Kind("run ledger", (".fedcli-run.json",), "units with a fingerprint and output hashes (Ledger)"),
     Kind("node log", ("logs/*.log",), "the launcher reads the last error line of a failed node"),
+    Kind("stage events", ("logs/*/events.jsonl", "logs/tensorboard/**"),
+         "never read: the run's progress for people and TensorBoard (fedcli/events.py)"),
     Kind("lock", (".locks/*.lock",), "the holder named in a refusal"),
     Kind("shared output", ("partition", "gan", "audit", "federate/*", "federate/cv/*"),
          "a unit up to date in another sub-experiment, linked rather than rerun (fedcli run)", link=True),

@@ -13,11 +13,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fedcli import __version__
+from fedcli.environment import environment
 from fedcli.errors import UserError
 
 
@@ -33,10 +34,33 @@ def current_umask() -> int:
 UMASK = current_umask()  # temp files and folders get private modes; finished ones get the usual
 
 
+T = TypeVar("T")
+RACE_ATTEMPTS = 1000  # each attempt takes microseconds; a sibling's create-and-remove cycle cannot win them all
+
+
+def in_folder(folder: Path, create: Callable[[], T] = lambda: None) -> T:
+    """Make `folder` (and its parents), then `create()` something inside it (a temp file or folder).
+
+    The ranks of one run start at once and share `<exp>`, `<exp>/.locks` and `<exp>/federate`; each removes
+    the empty folders it made when its lock or its writability probe ends. So between this process's
+    `mkdir` and its `create()`, a sibling may remove the folder (`create` fails: not found), or it may
+    vanish between `mkdir`'s "exists" and its "is a folder" check (`mkdir` fails: exists): both are retried.
+    Something else standing in the way (a file) is the OSError a user sees."""
+    folder = Path(folder)
+    for _ in range(RACE_ATTEMPTS - 1):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return create()
+        except (FileExistsError, FileNotFoundError):
+            if any(os.path.lexists(p) and not p.is_dir() for p in (folder, *folder.parents)):
+                raise
+    folder.mkdir(parents=True, exist_ok=True)
+    return create()
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = in_folder(path.parent, lambda: tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -57,14 +81,15 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode())
 
 
-def read_json(path: Path, what: str) -> Any:
+def read_json(path: Path, what: str, fix: str = "recreate it") -> Any:
+    """`fix`: how a user recreates the file when it is not JSON (the stage or command that writes it)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{what} not found at {path}")
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{what} at {path} is not valid JSON ({exc}); recreate it") from exc
+        raise UserError(f"{what} at {path} is not valid JSON ({exc}); {fix}") from exc
 
 
 def write_csv(path: Path, frame) -> None:
@@ -134,13 +159,15 @@ def load_tensors(path: Path, what: str) -> dict:
 
 
 def provenance(stage: str, config: Mapping[str, Any], seed: int, inputs: Mapping[str, str]) -> dict:
-    """The `config.json` every artifact folder carries: enough to detect a stale input."""
+    """The `config.json` every artifact folder carries: enough to detect a stale input, and the environment
+    the stage ran in (a record outside `config` and `inputs`, which is all that resume and staleness read)."""
     return {
         "stage": stage,
         "fedcli_version": __version__,
         "seed": seed,
         "config": dict(config),
         "inputs": dict(inputs),
+        "environment": environment(),
     }
 
 
@@ -158,8 +185,7 @@ def staged_output(final: Path, overwrite: bool) -> Iterator[Path]:
     final = Path(final)
     check_output_free(final, overwrite)
     created_parents = [p for p in reversed(final.parents) if not p.exists()]
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=aside(final, STAGING)))
+    staging = Path(in_folder(final.parent, lambda: tempfile.mkdtemp(dir=final.parent, prefix=aside(final, STAGING))))
     os.chmod(staging, 0o777 & ~UMASK)
     try:
         yield staging
@@ -197,23 +223,13 @@ def remove_leftovers(final: Path) -> tuple[list[str], bool]:
     return [p.name for p in found], restored
 
 
-PROBE_ATTEMPTS = 5
-
-
 def check_writable(folder: Path) -> None:
     """Fail now, not after hours of training, when `folder` cannot be made or written: create it if needed
     and write a probe file there; both are removed again. The OSError is the CLI's (or a node's) one line."""
     folder = Path(folder)
     created = [p for p in reversed([folder, *folder.parents]) if not p.exists()]
     try:
-        for attempt in range(PROBE_ATTEMPTS):
-            folder.mkdir(parents=True, exist_ok=True)
-            try:
-                fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
-                break
-            except FileNotFoundError:  # another process probing the same folder removed it meanwhile
-                if attempt == PROBE_ATTEMPTS - 1:
-                    raise
+        fd, probe = in_folder(folder, lambda: tempfile.mkstemp(dir=folder, prefix=".probe-"))
         os.close(fd)
         os.unlink(probe)
     finally:

@@ -10,16 +10,21 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperGroup
 
-from fedcli import __version__, console
+from fedcli import __version__, console, events
 from fedcli.config import (AuditConfig, Device, GanConfig, LpipsNet, Metric, ModelName, PartitionConfig, PredictConfig,
-                           PrivacyLoss, PrivacyScale, ReportConfig, Scheme, Source, Task, number_or_keyword, resolve)
+                           PrivacyLoss, PrivacyScale, ReportConfig, Scheme, SelectRule, Source, Task, number_or_keyword,
+                           read_recipe, resolve)
 from fedcli.errors import UserError, environment_message
 from fedcli.fl.federate_config import Engine, FederateConfig, Launch, LrSchedule, Weighting
 from fedcli.fl.strategies import REGISTRY
+from fedcli.layout import check_experiment_folder
+from fedcli.pipeline.shipped import locate, shipped_recipes
 
 EXP_HELP = "Experiment folder; the stage reads and writes only inside it."
 CONFIG_HELP = "TOML recipe; its \\[stage] table sets options, which options given here override."
 THREADS_HELP = "CPU threads torch may use \\[default: torch's, every core]; CPU results depend on it."
+TENSORBOARD_HELP = ("Also write the stage's events (<exp>/logs/<stage>/events.jsonl) as TensorBoard scalars under "
+                    "<exp>/logs/tensorboard/; needs the tensorboard extra: pip install 'fedcli\\[tensorboard]'.")
 
 
 class OneLineErrors(TyperGroup):
@@ -55,7 +60,7 @@ app = typer.Typer(
     "Stages, each reading the previous one's artifacts from --exp DIR: "
     "partition -> train-gan -> federate -> audit-privacy -> report.",
     no_args_is_help=True,
-    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
@@ -79,7 +84,13 @@ def resolved_config(ctx: typer.Context, cls: type, table: str):
     """The command's config: options given on the command line, else the recipe's [table], else defaults."""
     params = dict(ctx.params)
     given = {name for name in params if (src := ctx.get_parameter_source(name)) and src.name == "COMMANDLINE"}
-    return resolve(cls, params, given, params.pop("config"), table)
+    recipe = params.pop("config")
+    cfg = resolve(cls, params, given, recipe, table)
+    ignored = [f"[{t}]" for t in ("sweep", "select") if recipe is not None and t in read_recipe(recipe)]
+    if ignored:
+        console.out.print(f"note: {recipe}'s {' and '.join(ignored)} apply only under fedcli run; this command used "
+                          f"its [{table}] table as it stands", markup=False, soft_wrap=True)
+    return cfg
 
 
 @app.command(epilog="Example: fedcli partition --source digits --nodes 3 --exp results/demo")
@@ -107,6 +118,10 @@ def partition(
                                    "of two from 16 to 1024 (every stage holds a node's images in memory)."),
     channels: Optional[int] = typer.Option(None, help="1 (grayscale) or 3 (RGB). Default: what the images "
                                            "are.", show_default=False),
+    bit_depth: str = typer.Option(PartitionConfig.bit_depth, parser=number_or_keyword, help="Deeper-than-8-bit "
+                                  "files' full scale, 2^N - 1, one for the whole dataset: 8, 10, 12, 14, 16, or auto "
+                                  "(the smallest that holds the data's largest value). 8-bit and DICOM files keep "
+                                  "their own."),
     seed: int = typer.Option(PartitionConfig.seed, help="Seed of every random choice."),
     threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
@@ -118,13 +133,16 @@ def partition(
     """
     from fedcli.data.partition import run
     from fedcli.data.summary import partition_table, short_test_notes, untested_class_notes
+    from fedcli.fl.strategies import REGISTRY
 
     cfg = resolved_config(ctx, PartitionConfig, "partition")
-    manifest = run(cfg)
+    manifest = run(cfg, REGISTRY.reserved_names())
     console.out.print(partition_table(manifest))
     for key, count in (manifest["dropped"] or {}).items():
         if count:
             console.out.print(f"dropped {count} images with {key}")
+    if manifest.scale.bit_depth != 8:
+        console.out.print(f"files deeper than 8 bits are read on one scale: {manifest.scale.describe()}")
     for note in short_test_notes(manifest) + untested_class_notes(manifest):
         console.out.print(f"note: {note}")
     console.out.print(f"wrote {manifest.path.parent}")
@@ -140,12 +158,19 @@ def train_gan(
                                   "stylegan2 kind's unless said otherwise."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     iterations: int = typer.Option(GanConfig.iterations, help="Phase 1 (standard GAN) iteration cap."),
-    patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when FID has not improved for this many iterations."),
+    patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when its judged FID (--select stable) has "
+                                 "not improved for this many iterations."),
+    select: SelectRule = typer.Option(GanConfig.select, help="Phase 1's snapshot: stable (each FID check judged by "
+                                      "the median of it and the two before it, so no single reading wins or stops "
+                                      "training; the lowest judgement kept, with --patience) or last (every "
+                                      "--iterations, the last snapshot: a fixed-iteration generator). Under "
+                                      "--dp-epsilon always last."),
     pp_iterations: Optional[int] = typer.Option(None, help="Phase 2 (privacy loss) iteration cap \\[default: 100; 0 "
                                                 "under --dp-epsilon, which refuses any other].", show_default=False),
     fid_every: int = typer.Option(GanConfig.fid_every, help="Iterations between FID evaluations."),
     fid_images: int = typer.Option(GanConfig.fid_images, help="Generated (and at most real) images per FID evaluation."),
-    fid_factor: float = typer.Option(GanConfig.fid_factor, help="Phase 2 stops when FID exceeds this times the best phase-1 FID."),
+    fid_factor: float = typer.Option(GanConfig.fid_factor, help="Phase 2 stops when FID exceeds this times the kept "
+                                     "phase-1 snapshot's FID."),
     alpha: float = typer.Option(GanConfig.alpha, help="Weight of the privacy loss: G minimises L_G - alpha * L_PP."),
     privacy_loss: PrivacyLoss = typer.Option(GanConfig.privacy_loss, help="L_PP: all-pairs (the study: each synthetic "
                                              "image's mean LPIPS to the batch's real images) or nearest (its LPIPS "
@@ -176,8 +201,9 @@ def train_gan(
     lpips_weights: Optional[Path] = typer.Option(None, help="torchvision ImageNet weights of the LPIPS backbone "
                                                  "\\[default: the torch hub cache, else a named random fallback].",
                                                  show_default=False),
-    fid_weights: Optional[Path] = typer.Option(None, help="torchvision Inception-v3 weights for FID \\[default: "
-                                               "the torch hub cache, else a classifier of the node's images].", show_default=False),
+    fid_weights: Optional[Path] = typer.Option(None, help="torch-fidelity's TF-ported Inception-v3 weights for FID, "
+                                               "as published FIDs \\[default: the torch hub cache, else a "
+                                               "classifier of the node's images].", show_default=False),
     buffer_size: int = typer.Option(GanConfig.buffer_size, help="Synthetic images in the shared buffer (class-interleaved)."),
     fidelity_model: ModelName = typer.Option(GanConfig.fidelity_model, help="Fidelity score's classifier (use "
                                              "federate's --model)."),
@@ -212,6 +238,7 @@ def train_gan(
     threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(GanConfig.overwrite, help="Replace existing <exp>/gan/<node> folders."),
+    tensorboard: bool = typer.Option(False, help=TENSORBOARD_HELP),
 ) -> None:
     """Train each node's conditional GAN with the LPIPS privacy loss and sample its synthetic buffer.
 
@@ -222,7 +249,8 @@ def train_gan(
     from fedcli.report.tables import gan_table
 
     cfg = resolved_config(ctx, GanConfig, "train_gan")
-    summaries = run(cfg)
+    with events.tensorboard(tensorboard):
+        summaries = run(cfg)
     if not cfg.sample_only and all("phase1" in s for s in summaries):  # the table reads the StyleGAN kind's record
         console.out.print(gan_table(summaries))
     console.out.print(f"wrote {cfg.exp / 'gan'}")
@@ -310,13 +338,15 @@ def federate(
                                 "engine's checkpoint)."),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(FederateConfig.overwrite, help="Replace existing strategy folders."),
+    tensorboard: bool = typer.Option(False, help=TENSORBOARD_HELP),
     **strategy_options: Any,
 ) -> None:
     from fedcli.fl.stage import run
     from fedcli.report.tables import cv_table, ensemble_table, node_convergence_table, node_performance_table
 
     cfg = resolved_config(ctx, FederateConfig, "federate")
-    runs = run(cfg)
+    with events.tensorboard(tensorboard):
+        runs = run(cfg)
     if not runs:  # a distributed rank other than 0: rank 0 reports
         return
     nodes = runs[0].nodes
@@ -446,16 +476,22 @@ def report(
                       "at its end)")
 
 
-@app.command(epilog="Example: fedcli run recipes/quickstart.toml --set federate.rounds=3")
+@app.command(epilog="Example: fedcli run quickstart --set federate.rounds=3")
 def run(
     recipe: Path = typer.Argument(..., help="TOML recipe: \\[partition], \\[train_gan], \\[federate], \\[audit], "
-                                  "\\[report], optionally \\[sweep] and \\[select]."),
+                                  "\\[report], optionally \\[sweep] and \\[select]; a file, or the name of a recipe "
+                                  f"shipped with fedcli: {', '.join(shipped_recipes())}."),
     exp: Optional[Path] = typer.Option(None, "--exp", help="Experiment folder \\[default: results/<recipe name>].",
                                        show_default=False),
     set_: list[str] = typer.Option([], "--set", help="Repeatable table.key=value overriding the recipe, e.g. "
                                    "federate.rounds=3 or sweep.seeds=[0,1,2]."),
     threads: Optional[int] = typer.Option(None, help="CPU threads of every stage, over the recipe's \\[default: "
                                           "torch's, every core]; no part of the up-to-date check.", show_default=False),
+    yes: bool = typer.Option(False, "--yes", help="Start a recipe with more units of work than fedcli run "
+                             "starts unasked (a large \\[sweep]); the refusal says how many."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say which units would run, be skipped as up to "
+                                 "date or be shared, and the sweep's size; write nothing."),
+    tensorboard: bool = typer.Option(False, help=TENSORBOARD_HELP),
 ) -> None:
     """Run a recipe's stages in order (partition, train-gan, federate, audit-privacy, report) into one folder.
 
@@ -463,6 +499,9 @@ def run(
     option reruns that stage and everything downstream of it. A \\[sweep] makes sub-experiments under
     <exp>/runs/, sharing the stages they have in common; a \\[select] table picks each strategy's
     rounds/epochs/lr/mu by cross-validation on the train folds before the final run.
+
+    Relative paths in a recipe (partition.data-dir) are read from the current folder, as on the command
+    line, also in a shipped recipe.
     """
     import time
 
@@ -472,8 +511,20 @@ def run(
     from fedcli.report.render import rich_table
 
     start = time.perf_counter()
-    runner = Runner(Recipe.load(recipe, set_, threads), exp if exp is not None else Path("results") / recipe.stem)
-    counts = runner.run()
+    recipe = locate(recipe)
+    exp = exp if exp is not None else Path("results") / recipe.stem
+    check_experiment_folder(exp)
+    loaded = Recipe.load(recipe, set_, threads)
+    if dry_run:
+        counts = Runner(loaded, exp, dry_run=True).run()
+        console.out.print(f"dry run: {len(loaded.points())} sub-experiment(s), {sum(counts.values())} units: "
+                          f"{counts['ran']} would run, {counts['skipped']} up to date, {counts['shared']} would be "
+                          f"shared with another sub-experiment; nothing was written")
+        return
+    loaded.check_size(yes)
+    runner = Runner(loaded, exp)
+    with events.tensorboard(tensorboard):
+        counts = runner.run()
     headline = headline_table(runner.report_config)
     if headline is not None:
         console.out.print(rich_table(headline))
@@ -546,8 +597,8 @@ def weights_fetch(
     names: Optional[list[str]] = typer.Argument(None, help="Backbones to fetch \\[default: vgg, alex, inception] "
                                                 "(also resnet18, resnet50, densenet121).", show_default=False),
 ) -> None:
-    """Download backbones into the torch hub cache through torchvision's weights API (sha256-checked),
-    where every stage looks for them. Needs the internet; stages themselves never download."""
+    """Download backbones into the torch hub cache from the URLs torchvision and torch-fidelity publish
+    (sha256-checked), where every stage looks for them. Needs the internet; stages themselves never download."""
     from fedcli import weights
 
     names = names or ["vgg", "alex", "inception"]

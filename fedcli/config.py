@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fedcli.errors import UserError
+from fedcli.layout import check_experiment_folder
 
 STAGE_TABLES = ("partition", "train_gan", "federate", "audit", "report")
 RECIPE_TABLES = (*STAGE_TABLES, "sweep", "select")  # the last two: `fedcli run` only
@@ -40,6 +41,7 @@ MAX_FOLDS = 100
 # Every stage holds a node's images in memory as N x C x S x S uint8: 3 MiB per RGB image at 1024 px,
 # so 10,000 images already need 30 GiB (and the GAN's activations grow with S x S too).
 MAX_IMAGE_SIZE = 1024
+BIT_DEPTHS = (8, 10, 12, 14, 16)  # --bit-depth: deeper-than-8-bit data's full scale is 2^N - 1 (data/pixelscale.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,7 @@ class PartitionConfig:
     image_size: int = ranged(32, 16, MAX_IMAGE_SIZE, why="a power of two; each stage holds a node's images in "
                              "memory as N x C x S x S bytes")
     channels: int | None = ranged(None, 1, 3)
+    bit_depth: int | Auto = ranged("auto", 8, 16, why="8, 10, 12, 14, 16 or auto")
     seed: int = ranged(0, 0, MAX_SEED)
     threads: int | None = ranged(None, 1, MAX_THREADS)
     overwrite: bool = False
@@ -124,6 +127,11 @@ class PartitionConfig:
             raise UserError("--nodes does not apply to --scheme source (one node per site); drop it")
         if self.scheme == "source" and self.site is not None:
             raise UserError("--site keeps one site, so --scheme source would give one node; use --scheme iid")
+        if self.bit_depth != "auto":
+            if isinstance(self.bit_depth, bool) or self.bit_depth not in BIT_DEPTHS:
+                raise UserError(f"--bit-depth must be auto or one of {', '.join(map(str, BIT_DEPTHS))}, "
+                                f"got {self.bit_depth!r}")
+            object.__setattr__(self, "bit_depth", int(self.bit_depth))
 
 def to_json(cfg) -> dict[str, Any]:
     """A resolved config as JSON values (paths as strings, tuples as lists), for config.json."""
@@ -153,15 +161,18 @@ def read_recipe(path: Path) -> dict[str, Any]:
     return recipe
 
 
-def stage_values(cls: type, stage: str, table: dict[str, Any], origin: str) -> dict[str, Any]:
-    """A recipe table's values for `cls`, keyed by field name and checked against the field types."""
+def stage_values(cls: type, stage: str, table: dict[str, Any], origin: str,
+                 unlisted: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A recipe table's values for `cls`, keyed by field name and checked against the field types; an unknown
+    key's message lists the valid ones, less `unlisted` (those the caller refuses: `fedcli run` sets some itself)."""
     fields = {f.name for f in dataclasses.fields(cls)} - {"exp"}
     hints = typing.get_type_hints(cls)
     values = {}
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in fields:
-            names = ", ".join(f.name.replace("_", "-") for f in dataclasses.fields(cls) if f.name in fields)
+            names = ", ".join(f.name.replace("_", "-") for f in dataclasses.fields(cls)
+                              if f.name in fields - unlisted)
             raise UserError(f"{origin}: unknown key {stage}.{key}; valid keys: {names}")
         values[name] = coerce(value, hints[name], f"{origin}: {stage}.{name.replace('_', '-')}")
     return values
@@ -177,6 +188,7 @@ def resolve(cls: type, cli: dict[str, Any], given_on_cli: set[str], recipe_path:
         raise UserError("no experiment folder: pass --exp DIR")
     if Path(values["exp"]).exists() and not Path(values["exp"]).is_dir():
         raise UserError(f"--exp {values['exp']} is a file, not a folder; pass a folder (it is created if missing)")
+    check_experiment_folder(values["exp"])
     return cls(**values)
 
 
@@ -228,6 +240,7 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 
 PrivacyLoss = Literal["all-pairs", "nearest"]
 PrivacyScale = Literal["absolute", "relative"]
+SelectRule = Literal["stable", "last"]  # phase 1's snapshot rule, fedcli/gan/selection.py
 LpipsNet = Literal["vgg", "alex"]
 Device = Literal["auto", "cpu", "cuda"]
 ModelName = Literal["cnn", "resnet18", "resnet50", "densenet121"]
@@ -247,6 +260,7 @@ class GanConfig:
     seed: int | None = ranged(None, 0, MAX_SEED)  # default: the partition's seed
     iterations: int = ranged(400, 1, MAX_COUNT)
     patience: int = ranged(200, 1, MAX_COUNT)
+    select: SelectRule = "stable"
     pp_iterations: int | None = ranged(None, 0, MAX_COUNT, why="default 100; 0 under --dp-epsilon")
     fid_every: int = ranged(50, 1, MAX_COUNT)
     fid_images: int = ranged(512, 1, MAX_COUNT)

@@ -33,6 +33,19 @@ def inside(exp: Path, *parts: str) -> Path:
     return Path(exp).joinpath(*parts)
 
 
+def check_experiment_folder(exp: Path) -> None:
+    """An experiment folder must be a folder of its own: stages write their folders straight into it and
+    `fedcli run` removes the ones its recipe no longer makes (`runs/`, `select/`, ...), so the file system's
+    root or the home folder itself is refused."""
+    resolved = Path(exp).expanduser().resolve()
+    if resolved == Path(resolved.anchor):
+        raise UserError(f"--exp {exp} is the file system's root; pass a folder of the experiment's own "
+                        "(e.g. --exp results/demo)")
+    if resolved == Path.home().resolve():
+        raise UserError(f"--exp {exp} is your home folder itself; pass a folder of the experiment's own "
+                        "(e.g. --exp ~/results/demo)")
+
+
 def partition_dir(exp: Path) -> Path:
     return inside(exp, "partition")
 

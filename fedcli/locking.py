@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from fedcli import console
-from fedcli.artifacts import remove_leftovers
+from fedcli.artifacts import in_folder, remove_leftovers
 from fedcli.errors import UserError
 
 LOCKS = ".locks"
@@ -133,7 +133,7 @@ def take(path: Path) -> tuple[int, list[Path]]:
     try:
         while True:
             missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-            path.parent.mkdir(parents=True, exist_ok=True)
+            in_folder(path.parent)
             created += reversed(missing)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)

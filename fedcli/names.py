@@ -10,7 +10,7 @@ with inner spaces allowed ("normal or benign").
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from fedcli.errors import UserError
 
@@ -44,3 +44,14 @@ def check_names(kind: str, names: Iterable[object], origin: str) -> list[str]:
                             "systems do not tell apart; rename one")
         checked.append(text)
     return checked
+
+
+def check_not_reserved(names: Iterable[str], reserved: Collection[str], origin: str, advice: str) -> None:
+    """No node may be named as a model key a strategy produces (`global`, `ensemble`, ...): its rows, models
+    and predictions would be read as, or overwrite, the shared model's (compared after case folding, as
+    folder names are)."""
+    taken = {name.casefold(): name for name in reserved}
+    for name in names:
+        if name.casefold() in taken:
+            raise UserError(f"{origin}: node name {name!r} is reserved (fedcli names its shared models and results "
+                            f"{', '.join(sorted(taken.values()))}); {advice}")

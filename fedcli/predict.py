@@ -31,7 +31,9 @@ from fedcli.data.manifest import Manifest
 from fedcli.devices import resolve_device
 from fedcli.errors import UserError
 from fedcli.fl.evaluate import predict
+from fedcli.fl.runs import check_node_names
 from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.layout import federate_dir
 from fedcli.models.classifier import build_classifier
 
@@ -63,6 +65,7 @@ def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensem
     REGISTRY[strategy]  # an unknown name is refused here
     exp = Path(exp)
     manifest = Manifest.load(exp)
+    check_node_names(exp, manifest)
     folder = federate_dir(exp, strategy)
     default, own = architectures(federate_model(exp, folder, strategy, manifest))
     tag, keys = choose_models(folder, strategy, manifest, node, ensemble)
@@ -113,7 +116,7 @@ def choose_models(folder: Path, strategy: str, manifest: Manifest, node: str | N
         if len(node_keys) < 2:
             raise UserError(f"--ensemble averages node models, but {strategy} has only {', '.join(keys)}; "
                             "drop --ensemble")
-        return "ensemble", node_keys
+        return ENSEMBLE, node_keys
     if node is not None:
         if node not in keys:
             raise UserError(f"{strategy} has no model {node!r}; choose --node from {', '.join(keys)}")
@@ -197,8 +200,8 @@ def decode(manifest: Manifest, path: Path) -> np.ndarray:
     """(C, S, S) uint8, as `fedcli.data.loading` makes a training image of this experiment's source."""
     size, channels = manifest["image_size"], manifest["channels"]
     if manifest["source"] not in ARRAY_SOURCES:
-        return decode_image(path, size, channels)
-    native = torch.tensor(native_pixels(path))
+        return decode_image(path, size, channels, manifest.scale)
+    native = torch.tensor(native_pixels(path, manifest.scale))
     native = (native.float().div(255) if native.dtype == torch.uint8 else native).unsqueeze(0)
     images = to_channels(resize(native, size), channels)
     return images[0].mul(255).round_().clamp_(0, 255).to(torch.uint8).numpy()

@@ -10,6 +10,7 @@ from typing import Any
 from fedcli.artifacts import read_json
 
 LEDGER = ".fedcli-run.json"  # what `fedcli run` made in a folder (pipeline/ledger.py), with its sweep point
+REMAKE_LEDGER = "delete it: the next fedcli run remakes it, rerunning every stage of that folder"
 
 
 def key_values(items: Iterable[tuple[str, Any]]) -> str:
@@ -26,4 +27,4 @@ def point_values(folder: Path) -> dict[str, Any]:
     path = Path(folder) / LEDGER
     if not path.is_file():
         return {}
-    return {f"{table}.{name}": value for table, name, value in read_json(path, "run ledger").get("point", [])}
+    return {f"{table}.{name}": value for table, name, value in read_json(path, "run ledger", REMAKE_LEDGER).get("point", [])}

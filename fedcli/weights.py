@@ -1,8 +1,9 @@
-"""Pretrained weights: a file the user gives, else torchvision's file in the torch hub cache.
+"""Pretrained weights: a file the user gives, else the published file in the torch hub cache.
 
 Stages never download: `fedcli weights fetch` is the only code that does, and only when the user
-runs it, through torchvision's own weights API into the hub cache where the stages look. Files are
-read with `weights_only=True`, so loading runs no pickled code.
+runs it, from the URL torchvision (or, for FID's Inception, torch-fidelity) publishes, through
+torch.hub's hash-checked download into the hub cache where the stages look. Files are read with
+`weights_only=True`, so loading runs no pickled code.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import torch
 from fedcli.errors import UserError
 
 
+TORCH_FIDELITY = "torch-fidelity"  # a Backbone's `weights`: torch-fidelity's TF-ported Inception-v3
+
+
 @dataclasses.dataclass(frozen=True)
 class Backbone:
-    """An ImageNet network fedcli can use: torchvision's weights entry (`Enum.MEMBER` in
-    torchvision.models) and the hub cache's file name (the download URL's last part, whose `-<hex>.`
-    names a prefix of the file's sha256)."""
+    """An ImageNet network fedcli can use: where its weights are published (torchvision's entry,
+    `Enum.MEMBER` in torchvision.models, or TORCH_FIDELITY) and the hub cache's file name (the download
+    URL's last part, whose `-<hex>.` names a prefix of the file's sha256)."""
 
     name: str
     use: str
@@ -34,8 +38,9 @@ BACKBONES = {b.name: b for b in (
              "vgg16-397923af.pth", "vgg-random: a fixed random VGG16, uncalibrated LPIPS"),
     Backbone("alex", "LPIPS backbone, --lpips-net alex", "AlexNet_Weights.IMAGENET1K_V1",
              "alexnet-owt-7be5be79.pth", "alex-random: a fixed random AlexNet, uncalibrated LPIPS"),
-    Backbone("inception", "FID features", "Inception_V3_Weights.IMAGENET1K_V1",
-             "inception_v3_google-0cc3c7bd.pth", "cnn-node: a small CNN trained on each node's images, uncalibrated FID"),
+    Backbone("inception", "FID features: torch-fidelity's TF-ported Inception-v3, as published FIDs",
+             TORCH_FIDELITY, "weights-inception-2015-12-05-6726825d.pth",
+             "cnn-node: a small CNN trained on each node's images, uncalibrated FID"),
     *(Backbone(name, f"classifier, --model {name} --pretrained", weights, filename,
                "--pretrained refused; random initialisation")
       for name, weights, filename in (("resnet18", "ResNet18_Weights.IMAGENET1K_V1", "resnet18-f37072fd.pth"),
@@ -60,7 +65,8 @@ def load_state(path: Path, what: str) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file
         raise UserError(f"{what} {path} is not a plain PyTorch state dict of tensors ({load_failure(exc)}); fedcli "
-                        "never runs pickled code from a weights file, so give torchvision's own weights file") from exc
+                        "never runs pickled code from a weights file, so give the published file (what fedcli "
+                        "weights fetch downloads)") from exc
 
 
 def load_failure(exc: Exception) -> str:
@@ -91,28 +97,34 @@ def state_of(backbone: Backbone) -> str:
     return "present" if digest.hexdigest().startswith(expected_prefix(backbone.filename)) else "corrupt"
 
 
-def torchvision_weights(backbone: Backbone):
+def url(backbone: Backbone) -> str:
+    """Where `backbone`'s file is published: torchvision's weights entry, or torch-fidelity's own constant."""
+    if backbone.weights == TORCH_FIDELITY:
+        from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
+
+        return URL_INCEPTION_V3
     import torchvision.models
 
     enum, member = backbone.weights.split(".")
-    return getattr(getattr(torchvision.models, enum), member)
+    return getattr(getattr(torchvision.models, enum), member).url
 
 
 def fetch(backbone: Backbone) -> str:
-    """Download `backbone` into the hub cache with torchvision's weights API (hash-checked, then loaded
-    without pickled code); return what was done."""
+    """Download `backbone` into the hub cache with torch.hub (hash-checked, then loaded without pickled
+    code), as torchvision's weights API does; return what was done."""
     state = state_of(backbone)
     if state == "present":
         return "already present"
     if state == "corrupt":
         raise UserError(f"{hub_dir() / backbone.filename} is there but its sha256 does not match its name; delete it "
                         "and re-run fedcli weights fetch")
-    weights = torchvision_weights(backbone)
+    source = url(backbone)
     target = hub_dir() / backbone.filename
     try:
-        weights.get_state_dict(progress=False, check_hash=True, file_name=backbone.filename, weights_only=True)
+        torch.hub.load_state_dict_from_url(source, progress=False, check_hash=True, file_name=backbone.filename,
+                                           weights_only=True)
     except Exception as exc:  # network, hash and load failures all end the same way
         target.unlink(missing_ok=True)
-        raise UserError(f"could not fetch {backbone.name} from {weights.url} ({load_failure(exc)}); check the "
+        raise UserError(f"could not fetch {backbone.name} from {source} ({load_failure(exc)}); check the "
                         f"connection, or download that file by hand into {hub_dir()}") from exc
     return f"downloaded {target}"

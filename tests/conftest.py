@@ -176,6 +176,7 @@ def make_folders(root: Path, layout: dict[str, dict[str, int]], mode: str = "L")
 
 def copy_pneumonia(tmp_path: Path) -> Path:
     target = tmp_path / "pneumoniamnist.npz"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     shutil.copy(shared_file("medmnist", "pneumoniamnist.npz"), target)
     return target
 

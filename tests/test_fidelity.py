@@ -1,12 +1,16 @@
-"""The buffer fidelity score: it must rank real images, noise and a leak correctly, with no pretrained net."""
+"""The buffer fidelity score: it must rank real images, noise and a leak correctly, with no pretrained net;
+and FID on both its feature spaces, against torch-fidelity and the closed form of two Gaussians."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from sklearn.datasets import load_digits
 
+from fedcli import weights
 from fedcli.errors import UserError
 from fedcli.data.tensor_source import TensorSource
 from fedcli.data.dataset import to_float
@@ -73,17 +77,112 @@ def test_test_images_that_also_occur_among_the_training_images_are_not_a_leak(di
 
 
 def test_offline_fid_space_is_a_classifier_of_the_nodes_images_and_sees_missing_classes(digits):
-    """The Inception-free FID: held-out real images sit close, a generator that lost 8 of 10 classes far."""
+    """The Inception-free FID: identical sets at 0, held-out real images close, a generator that lost 8 of 10
+    classes far."""
     train, test = digits
     classifier, _ = train_classifier(train, BUDGET, len(train), 1, 10, (0, "node0", "fid-features"))
     space = fid.classifier_space(classifier)
     assert (space.name, space.calibrated) == ("cnn-node", False)
+    frechet = fid.Frechet(space.embed(to_float(train.images)), space.calibrated)
 
     def distance(images: torch.Tensor) -> float:
-        stats = [fid.statistics(space.embed(to_float(x))) for x in (train.images, images)]
-        return fid.frechet_distance(*stats)
+        return frechet.distance(space.embed(to_float(images)))
 
     two_classes = train.images[train.labels < 2]
     noise = torch.randint(0, 256, (150, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     held_out, collapsed, random = distance(test.images), distance(two_classes), distance(noise)
     assert held_out < collapsed / 3 and held_out < random / 3
+    assert distance(train.images) == pytest.approx(0, abs=1e-6) and held_out > 1e-3
+
+
+def images(n: int, key: int) -> torch.Tensor:
+    """`n` random grey 16x16 images in [-1, 1], on uint8 levels."""
+    generator = torch.Generator().manual_seed(key)
+    return to_float(torch.randint(0, 256, (n, 1, 16, 16), dtype=torch.uint8, generator=generator))
+
+
+@pytest.fixture(scope="module")
+def tf_inception_file(tmp_path_factory) -> Path:
+    """torch-fidelity's Inception-v3, randomly initialised (He-scaled convolutions from a keyed generator,
+    BatchNorm at identity), saved as a state dict as `fedcli weights fetch inception` leaves it: no download."""
+    from torch_fidelity import feature_extractor_inceptionv3 as tf
+
+    with pytest.MonkeyPatch.context() as patch, torch.device("meta"):  # the network's shapes, no weights
+        patch.setattr(tf, "load_state_dict_from_url", lambda *args, **kwargs: {})
+        patch.setattr(tf.FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None)
+        shapes = {key: value.shape for key, value in
+                  tf.FeatureExtractorInceptionV3(fid.TF_INCEPTION, ["2048"]).state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for key, shape in shapes.items():
+        if key.endswith("conv.weight") or key == "fc.weight":
+            state[key] = torch.randn(shape, generator=generator) * (2 / shape[1:].numel()) ** 0.5
+        elif key.endswith("num_batches_tracked"):
+            state[key] = torch.zeros(shape, dtype=torch.long)
+        else:  # BatchNorm's scale and running variance 1, its shift and running mean 0, fc's bias 0
+            state[key] = torch.ones(shape) if key.endswith(("bn.weight", "running_var")) else torch.zeros(shape)
+    path = tmp_path_factory.mktemp("hub") / weights.BACKBONES["inception"].filename
+    torch.save(state, path)
+    return path
+
+
+def test_calibrated_fid_is_torch_fidelitys_tf_inception_and_zero_between_identical_sets(tf_inception_file):
+    """The calibrated path reads torch-fidelity's network from the weights file and gives the features
+    torch-fidelity gives uint8 RGB images (TensorFlow's resize); identical sets 0, a shifted copy ||shift||^2."""
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    space = fid.inception_space(tf_inception_file)
+    assert (space.name, space.calibrated) == ("inception-v3-compat", True)
+    grey = images(2, 0)
+    features = space.embed(grey)
+    reference = FeatureExtractorInceptionV3("reference", ["2048"],
+                                            feature_extractor_weights_path=str(tf_inception_file))
+    rgb = ((grey[:1] + 1) * 127.5).round().to(torch.uint8).expand(-1, 3, -1, -1)
+    assert features.shape == (2, 2048) and torch.allclose(features[:1], reference(rgb)[0], rtol=1e-5, atol=1e-7)
+    assert features.var(dim=0).sum() > 1e-2  # the two images' features differ: a zero that could fail
+    frechet = fid.Frechet(features, calibrated=True)
+    assert frechet.distance(features) == pytest.approx(0, abs=1e-6)
+    assert frechet.distance(features.double() + 0.1) == pytest.approx(2048 * 0.1 ** 2, rel=1e-9)
+
+
+def test_a_weights_file_that_is_not_torch_fidelitys_inception_is_one_line(tmp_path):
+    path = tmp_path / "inception_v3_google-0cc3c7bd.pth"
+    torch.save({"Conv2d_1a_3x3.conv.weight": torch.ones(32, 3, 3, 3)}, path)
+    with pytest.raises(UserError, match="not torch-fidelity's TF-ported Inception-v3.*fedcli weights fetch inception"):
+        fid.inception_space(path)
+
+
+def scatter(n: int, d: int, rank: int, generator: torch.Generator) -> torch.Tensor:
+    """(n, d) with zero column means and Z^T Z = (n - 1) on the first `rank` coordinates, 0 beyond: the
+    columns of a QR orthogonal to the constant one."""
+    basis, _ = torch.linalg.qr(torch.cat([torch.ones(n, 1, dtype=torch.float64),
+                                          torch.randn(n, rank, generator=generator, dtype=torch.float64)], dim=1))
+    z = torch.zeros(n, d, dtype=torch.float64)
+    z[:, :rank] = basis[:, 1:] * (n - 1) ** 0.5
+    return z
+
+
+@pytest.mark.parametrize("n", [200, 12], ids=["more-images-than-features", "fewer"])
+@pytest.mark.parametrize("calibrated", [True, False], ids=["calibrated", "fallback"])
+def test_frechet_distance_of_two_gaussians_is_the_closed_form_and_torch_fidelitys(calibrated, n):
+    """Feature sets whose sample means and covariances are exactly two Gaussians' (diagonal, then both turned
+    by one rotation, which leaves the distance alone): ||mu1 - mu2||^2 + sum (sqrt(s1) - sqrt(s2))^2, on the
+    calibrated path as it is, on the fallback in units of the real features' spread (their mean variance);
+    torch-fidelity's FID (as torchmetrics', from the eigenvalues of S1 S2) gives the same number. With fewer
+    images than features the Gaussians have rank n - 1."""
+    from torch_fidelity.metric_fid import KEY_METRIC_FID, fid_features_to_statistics, fid_statistics_to_metric
+
+    d, rank = 24, min(24, n - 1)
+    generator = torch.Generator().manual_seed(n)
+    mu1, mu2 = (torch.randn(d, generator=generator, dtype=torch.float64) for _ in range(2))
+    s1, s2 = (torch.rand(d, generator=generator, dtype=torch.float64) * 4 + 0.1 for _ in range(2))
+    s1[rank:], s2[rank:] = 0, 0
+    rotation, _ = torch.linalg.qr(torch.randn(d, d, generator=generator, dtype=torch.float64))
+    real = (mu1 + scatter(n, d, rank, generator) * s1.sqrt()) @ rotation
+    fake = (mu2 + scatter(n, d, rank, generator) * s2.sqrt()) @ rotation
+    closed_form = float((mu1 - mu2).square().sum() + (s1.sqrt() - s2.sqrt()).square().sum())
+    expected = closed_form if calibrated else closed_form / float(s1.mean())
+    assert fid.Frechet(real, calibrated).distance(fake) == pytest.approx(expected, rel=1e-9)
+    assert fid.Frechet(real, calibrated).distance(real) == pytest.approx(0, abs=1e-6)
+    reference = fid_statistics_to_metric(*(fid_features_to_statistics(x) for x in (real, fake)), verbose=False)
+    assert reference[KEY_METRIC_FID] == pytest.approx(closed_form, rel=1e-6)

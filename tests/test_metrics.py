@@ -1,12 +1,17 @@
-"""Sensitivity, specificity and calibration error against scikit-learn and hand computation, and the
-bootstrap's pairing: every strategy is scored on the same resamples of a test set."""
+"""Sensitivity, specificity and calibration error against scikit-learn and hand computation, the
+bootstrap's pairing: every strategy is scored on the same resamples of a test set, and the audit's SSIM
+against scikit-image and a hand computation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
+from skimage.metrics import structural_similarity
 from sklearn.metrics import confusion_matrix, recall_score
 
+from fedcli.audit import scores
 from fedcli.fl.evaluate import ECE_BINS, evaluate, metric_values, resample_counts
 
 
@@ -94,3 +99,50 @@ def test_every_strategy_and_round_is_scored_on_the_same_resamples_of_a_test_set(
     assert np.array_equal(a, b) and (a.sum(1) == 20).all()
     assert not np.array_equal(a, resample_counts(3, "node2", 20, 50))
     assert not np.array_equal(a, resample_counts(4, "node1", 20, 50))
+
+
+def hand_ssim(a: np.ndarray, b: np.ndarray, size: int) -> float:
+    """SSIM of two (C, H, W) images in [-1, 1] by a plain loop over every size x size window inside them:
+    Gaussian weights of sigma 1.5 cut to the window, weighted population moments, data range 2."""
+    g = np.exp(-0.5 * ((np.arange(size) - size // 2) / 1.5) ** 2)
+    w = np.outer(g, g) / np.outer(g, g).sum()
+    c1, c2 = (0.01 * 2) ** 2, (0.03 * 2) ** 2
+    values = []
+    for x_channel, y_channel in zip(a.astype(np.float64), b.astype(np.float64)):
+        for i in range(a.shape[1] - size + 1):
+            for j in range(a.shape[2] - size + 1):
+                x, y = x_channel[i:i + size, j:j + size], y_channel[i:i + size, j:j + size]
+                mx, my = (w * x).sum(), (w * y).sum()
+                vx, vy, cxy = (w * (x - mx) ** 2).sum(), (w * (y - my) ** 2).sum(), (w * (x - mx) * (y - my)).sum()
+                values.append((2 * mx * my + c1) * (2 * cxy + c2) / ((mx ** 2 + my ** 2 + c1) * (vx + vy + c2)))
+    return float(np.mean(values))
+
+
+def image_pairs(shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Smooth random images and copies under noise from none to pure: SSIMs from 1 down to about 0."""
+    generator = torch.Generator().manual_seed(seed)
+    a = F.avg_pool2d(torch.rand(shape, generator=generator) * 2 - 1, 3, stride=1, padding=1)
+    levels = torch.linspace(0, 1, len(a)).view(-1, 1, 1, 1)
+    b = ((1 - levels) * a + levels * (torch.rand(shape, generator=generator) * 2 - 1)).clamp(-1, 1)
+    return a, b
+
+
+@pytest.mark.parametrize("shape", [(6, 1, 24, 20), (4, 3, 16, 16)], ids=["grey", "rgb"])
+def test_ssim_is_wang_et_al_as_scikit_image_computes_it(shape):
+    a, b = image_pairs(shape, seed=shape[1])
+    got = scores.ssim(a, b)
+    assert got.dtype == torch.float32 and torch.allclose(scores.ssim(a, a), torch.ones(len(a)), atol=1e-6)
+    expected = [structural_similarity(x.double().numpy(), y.double().numpy(), gaussian_weights=True, sigma=1.5,
+                                      use_sample_covariance=False, data_range=2.0, channel_axis=0)
+                for x, y in zip(a, b)]
+    assert got.tolist() == pytest.approx(expected, abs=1e-4)
+    assert expected[0] > 0.999 and expected[-1] < 0.2  # the pairs span the scale
+    assert hand_ssim(a[1].numpy(), b[1].numpy(), 11) == pytest.approx(expected[1], abs=1e-9)
+
+
+@pytest.mark.parametrize("height, width, window", [(9, 7, 7), (6, 10, 5), (12, 3, 3), (1, 4, 1)])
+def test_an_image_smaller_than_the_window_gets_the_largest_odd_window_that_fits(height, width, window):
+    a, b = image_pairs((3, 2, height, width), seed=height)
+    got = scores.ssim(a, b)
+    assert got.tolist() == pytest.approx([hand_ssim(x.numpy(), y.numpy(), window) for x, y in zip(a, b)], abs=1e-6)
+    assert torch.allclose(scores.ssim(a, a), torch.ones(3), atol=1e-6)

@@ -190,10 +190,10 @@ def test_run_threads_reach_every_stage_are_recorded_and_rerun_nothing(cli, tmp_p
     seen: list[tuple[str, int | None]] = []
     real_stage_run = runner.stage_run
 
-    def stage_run(module, cfg):
+    def stage_run(module, cfg, **extra):
         seen.append((module, cfg.threads))
         if module == "fedcli.data.partition":
-            return real_stage_run(module, cfg)
+            return real_stage_run(module, cfg, **extra)
         stage = {"fedcli.gan.stage": "gan", "fedcli.audit.stage": "audit"}[module]
         for node in Manifest.load(cfg.exp).node_names:
             stand_in(cfg.exp / stage / node / "config.json", cfg)

@@ -9,6 +9,7 @@ from PIL import Image
 
 from conftest import Cli, make_folders, record_case
 from fedcli.artifacts import load_tensors
+from fedcli.data.imagefiles import BadImageError
 from fedcli.data.manifest import Manifest
 from fedcli.fl import engine
 from fedcli.fl.evaluate import predict
@@ -245,11 +246,15 @@ def test_file_names_that_look_like_formulas_are_escaped_in_the_csv(cli, exp, tmp
 
 
 def test_a_16_bit_file_takes_the_array_sources_path_scaled_not_clipped(exp, tmp_path):
-    """Digits is an array source: predict resizes the file as a float tensor, as training resizes arrays."""
+    """Digits is an array source: predict resizes the file as a float tensor, as training resizes arrays, on
+    the partition's pixel scale (digits' 8 bits refuse a 16-bit file; a 16-bit scale reads it whole)."""
     Image.fromarray(RAMP16).save(tmp_path / "ramp16.png")
     Image.fromarray((RAMP16 / 65535).astype(np.float32), "F").save(tmp_path / "ramp.tif")
     manifest = Manifest.load(exp)
-    image = decode(manifest, tmp_path / "ramp16.png")
+    with pytest.raises(BadImageError, match="outside the 8-bit range"):
+        decode(manifest, tmp_path / "ramp16.png")
+    image = decode(Manifest({**manifest.data, "bit_depth": 16}), tmp_path / "ramp16.png")
     assert image.shape == (1, 16, 16) and image.min() < 16 and image.max() > 240 and monotone(image)
     assert len(np.unique(image)) > 64  # clipped at 255, the ramp would give a few levels
-    np.testing.assert_array_equal(image, decode(manifest, tmp_path / "ramp.tif"))
+    unit = Manifest({**manifest.data, "bit_depth": None, "value_range": [0.0, 1.0]})
+    np.testing.assert_array_equal(image, decode(unit, tmp_path / "ramp.tif"))

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
+import fedcli.environment
+from fedcli.environment import environment
+from fedcli.errors import UserError
+from fedcli.layout import check_experiment_folder
 from fedcli.pipeline.recipe import Recipe
 
 TINY = """
@@ -50,7 +55,8 @@ def recipe(tmp_path: Path, strategies=("feder", "fedavg", "standalone"), extra: 
 
 
 def statuses(output: str) -> dict[str, str]:
-    """unit -> 'ran' / 'skipped' / 'shared' from the run's log lines (`[<sub>: ]<unit>: <status>`)."""
+    """unit -> 'ran' / 'skipped' / 'shared' from the run's lines on stdout (`[<sub>: ]<unit>: <status>`; progress
+    lines go to stderr)."""
     out = {}
     for line in output.splitlines():
         unit, _, status = line.rpartition(": ")
@@ -63,28 +69,68 @@ def statuses(output: str) -> dict[str, str]:
     return out
 
 
-def test_second_run_skips_everything_and_a_change_reruns_only_downstream(cli, tmp_path):
+def plan(output: str) -> dict[str, str]:
+    """unit -> 'run' / 'skip' / 'share' from a dry run's lines."""
+    out = {}
+    for line in output.splitlines():
+        unit, _, status = line.rpartition(": ")
+        if status.startswith("would run"):
+            out[unit] = "run"
+        elif status == "up to date, would be skipped":
+            out[unit] = "skip"
+        elif status.endswith(", would be shared"):
+            out[unit] = "share"
+    return out
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def fresh_environment():
+    """environment() is computed once per process; a test that changes what it reads recomputes it."""
+    environment.cache_clear()
+    yield
+    environment.cache_clear()
+
+
+def test_second_run_skips_everything_and_a_change_reruns_only_downstream(cli, tmp_path, monkeypatch,
+                                                                         fresh_environment):
     path, exp = recipe(tmp_path), tmp_path / "exp"
-    first = statuses(cli.ok("run", path, "--exp", exp).output)
+    first = statuses(cli.ok("run", path, "--exp", exp).stdout)
     units = ["partition", "train-gan", "federate feder", "federate fedavg", "federate standalone", "audit-privacy",
              "report"]
     assert first == {u: "ran" for u in units}
     report = (exp / "report" / "report.md").read_text()
     assert "Table 2" in report and "Table 4" in report and "Privacy summary" in report
     gan_config = (exp / "gan" / "node0" / "config.json").read_bytes()
+    configs = [json.loads(p.read_text()) for p in sorted(exp.glob("**/config.json"))]
+    assert {c["stage"] for c in configs} == {"partition", "train-gan", "federate", "audit-privacy"}
+    assert all(c["environment"] == environment() and "environment" not in c["config"] for c in configs)
+    assert environment()["torch"] == torch.__version__ and environment()["cpu_capability"]
 
-    assert statuses(cli.ok("run", path, "--exp", exp).output) == {u: "skipped" for u in units}
+    assert statuses(cli.ok("run", path, "--exp", exp).stdout) == {u: "skipped" for u in units}
 
-    third = statuses(cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").output)
+    # another torch may compute other numbers: every unit is stale (a dry run says so and writes nothing)
+    before = files(exp)
+    environment.cache_clear()
+    monkeypatch.setattr(torch, "__version__", "0.0.0-another")
+    assert plan(cli.ok("run", path, "--exp", exp, "--dry-run").stdout) == {u: "run" for u in units}
+    monkeypatch.undo()
+    environment.cache_clear()
+    assert files(exp) == before
+
+    third = statuses(cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").stdout)
     assert third == {u: "ran" if u.startswith("federate") or u == "report" else "skipped" for u in units}
     assert pd.read_csv(exp / "federate" / "feder" / "metrics.csv")["round"].max() == 3
     assert (exp / "gan" / "node0" / "config.json").read_bytes() == gan_config
 
     # mu is FedProx's alone, so no unit here changes; a GAN option reruns the GANs and what reads them
     assert set(statuses(cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3", "--set",
-                               "federate.mu=0.5").output).values()) == {"skipped"}
+                               "federate.mu=0.5").stdout).values()) == {"skipped"}
     fifth = statuses(cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3", "--set",
-                            "train_gan.alpha=0.5").output)
+                            "train_gan.alpha=0.5").stdout)
     assert fifth == {"partition": "skipped", "train-gan": "ran", "federate feder": "ran", "federate fedavg": "skipped",
                      "federate standalone": "skipped", "audit-privacy": "ran", "report": "ran"}
 
@@ -93,12 +139,12 @@ def test_a_stage_rerun_by_hand_is_stale_for_the_next_run(cli, tmp_path):
     path, exp = recipe(tmp_path, strategies=("standalone",)), tmp_path / "exp"
     cli.ok("run", path, "--exp", exp)
     cli.ok("federate", "--exp", exp, "--strategy", "standalone", "--rounds", "1", "--overwrite")
-    again = statuses(cli.ok("run", path, "--exp", exp).output)
+    again = statuses(cli.ok("run", path, "--exp", exp).stdout)
     assert again["federate standalone"] == "ran" and again["train-gan"] == "skipped"
     assert pd.read_csv(exp / "federate" / "standalone" / "metrics.csv")["round"].max() == 2
 
 
-def test_an_interrupted_federate_unit_continues_from_its_last_round(cli, tmp_path, monkeypatch):
+def test_an_interrupted_federate_unit_continues_from_its_last_round(cli, tmp_path, monkeypatch, fresh_environment):
     from fedcli.fl.progress import RoundProgress
 
     path = recipe(tmp_path, strategies=("feder",))
@@ -115,9 +161,15 @@ def test_an_interrupted_federate_unit_continues_from_its_last_round(cli, tmp_pat
     assert (exp / "federate" / ".feder.checkpoint" / "node0" / "round-2.json").is_file()
     assert not (exp / "federate" / "feder").exists()
 
-    output = cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").output
-    assert "feder: resuming from the last completed round" in output
+    # resumed after a code change on another CPU: the environment is recorded, never compared
+    environment.cache_clear()
+    monkeypatch.setattr(fedcli.environment, "git_commit", lambda: "another commit")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "another CPU")
+    output = cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").stdout
+    assert "feder: resuming from the last completed round" in output and "starting over" not in output
     assert statuses(output)["train-gan"] == "skipped"
+    recorded = json.loads((exp / "federate" / "feder" / "config.json").read_text())["environment"]
+    assert recorded["git_commit"] == "another commit" and recorded["cpu_capability"] == "another CPU"
     pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / "feder" / "metrics.csv"),
                                   pd.read_csv(reference / "federate" / "feder" / "metrics.csv"))
 
@@ -125,7 +177,7 @@ def test_an_interrupted_federate_unit_continues_from_its_last_round(cli, tmp_pat
     monkeypatch.setattr(RoundProgress, "update", power_cut)
     cli("run", path, "--exp", exp, "--set", "federate.rounds=4")
     monkeypatch.undo()
-    output = cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").output
+    output = cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").stdout
     assert "starting over" in output
     pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / "feder" / "metrics.csv"),
                                   pd.read_csv(reference / "federate" / "feder" / "metrics.csv"))
@@ -134,7 +186,7 @@ def test_an_interrupted_federate_unit_continues_from_its_last_round(cli, tmp_pat
 def test_sweep_makes_sub_experiments_that_share_upstream_stages(cli, tmp_path):
     path = recipe(tmp_path, strategies=("feder",), extra='\n[sweep]\n"federate.buffer-size" = [0, 10]\n')
     exp = tmp_path / "exp"
-    out = cli.ok("run", path, "--exp", exp).output
+    out = cli.ok("run", path, "--exp", exp).stdout
     a, b = exp / "runs" / "buffer-size=0", exp / "runs" / "buffer-size=10"
     for stage in ("partition", "gan", "audit"):
         assert (b / stage).is_symlink() and (b / stage).resolve() == (a / stage).resolve()
@@ -144,10 +196,17 @@ def test_sweep_makes_sub_experiments_that_share_upstream_stages(cli, tmp_path):
     assert sum("train-gan: done" in line for line in out.splitlines()) == 1
     report = (exp / "report" / "report.md").read_text()
     assert "Table 6" in report and "buffer 0" in report and "buffer 10" in report
-    assert set(statuses(cli.ok("run", path, "--exp", exp).output).values()) <= {"skipped", "shared"}
+    assert set(statuses(cli.ok("run", path, "--exp", exp).stdout).values()) <= {"skipped", "shared"}
+
+    planned = cli.ok("run", path, "--exp", exp, "--dry-run", "--set", "sweep.federate.buffer-size=[0, 10, 20]").stdout
+    steps = plan(planned)
+    assert steps["buffer-size=20: train-gan"] == "share" and steps["buffer-size=20: federate feder"] == "run"
+    assert steps["buffer-size=0: federate feder"] == "skip" and steps["report"] == "run"
+    assert "dry run: 3 sub-experiment(s), 13 units: 2 would run, 5 up to date, 6 would be shared" in planned
+    assert not (exp / "runs" / "buffer-size=20").exists()
 
     # a sweep value dropped from the recipe leaves nothing behind for the report to count
-    again = statuses(cli.ok("run", path, "--exp", exp, "--set", "sweep.federate.buffer-size=[10]").output)
+    again = statuses(cli.ok("run", path, "--exp", exp, "--set", "sweep.federate.buffer-size=[10]").stdout)
     assert not a.exists() and sorted(p.name for p in (exp / "runs").iterdir()) == ["buffer-size=10"]
     # the GANs it shared with the dropped point moved here instead of being trained again
     assert again["buffer-size=10: train-gan"] == "skipped" and again["buffer-size=10: federate feder"] == "skipped"
@@ -159,6 +218,9 @@ def test_select_picks_the_grid_point_with_the_best_mean_validation_score(cli, tm
     path = recipe(tmp_path, strategies=("fedavg", "fedprox"),
                   extra="\n[select]\nrounds = [1, 2]\nmu = [0.01, 1.0]\nfolds = 2\n")
     exp = tmp_path / "exp"
+    planned = cli.ok("run", path, "--exp", exp, "--dry-run").stdout
+    assert "federate fedprox: would run, with the grid point model selection picks" in planned
+    assert plan(planned)["select fedprox rounds=2,mu=1.0"] == "run" and not exp.exists()
     cli.ok("run", path, "--exp", exp)
     assert sorted(p.name for p in (exp / "select").iterdir()) == [
         "rounds=1", "rounds=1,mu=0.01", "rounds=1,mu=1.0", "rounds=2", "rounds=2,mu=0.01", "rounds=2,mu=1.0"]
@@ -238,3 +300,25 @@ def test_run_writes_nothing_outside_its_experiment_folder(cli, tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     line = cli.user_error("run", "missing.toml")
     assert "missing.toml" in line and not os.path.exists("results")
+
+
+def test_a_shipped_recipe_runs_by_name_from_any_folder(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    planned = cli.ok("run", "quickstart", "--dry-run").stdout
+    steps = plan(planned)
+    assert steps["partition"] == steps["federate feder"] == steps["report"] == "run"
+    assert f"dry run: 1 sub-experiment(s), {len(steps)} units: {len(steps)} would run" in planned
+    assert sorted(tmp_path.iterdir()) == []  # results/quickstart is not made by a dry run
+    assert "quickstart" in cli.user_error("run", "quickstrat", "--dry-run")  # names the shipped recipes
+
+
+def test_the_file_system_root_or_the_home_folder_is_refused_as_experiment_folder(cli, tmp_path, monkeypatch):
+    for root in ("/", "/tmp/..", "//"):
+        with pytest.raises(UserError, match="file system's root"):
+            check_experiment_folder(Path(root))
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    assert "home folder" in cli.user_error("partition", "--exp", home)
+    assert "home folder" in cli.user_error("run", "quickstart", "--exp", f"{home}/.")
+    assert sorted(home.iterdir()) == []

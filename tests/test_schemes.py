@@ -49,8 +49,8 @@ def skew(manifest):
 
 def test_small_alpha_dirichlet_is_measurably_more_skewed_than_iid(tmp_path):
     """On real binary data (PneumoniaMNIST) the KS statistic separates the schemes, as JS does on digits."""
-    copy_pneumonia(tmp_path)
-    common = dict(exp=tmp_path / "e", source="medmnist", data_dir=tmp_path, nodes=3)
+    copy_pneumonia(tmp_path / "data")
+    common = dict(exp=tmp_path / "e", source="medmnist", data_dir=tmp_path / "data", nodes=3)
     iid, _ = make_manifest(PartitionConfig(**common, scheme="iid"))
     skewed, _ = make_manifest(PartitionConfig(**common, scheme="dirichlet", alpha=0.1))
     assert skew(iid)["label_skew_ks"] < 0.02

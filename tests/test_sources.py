@@ -84,11 +84,11 @@ def test_isic_missing_image_is_named(cli, tmp_path):
 
 
 def test_medmnist_pools_all_splits_of_the_real_file(tmp_path):
-    npz = copy_pneumonia(tmp_path)
+    npz = copy_pneumonia(tmp_path / "data")
     source = medmnist.read(npz)
     assert len(source.samples) == 2428 + 270 + 468
     assert source.label_names == ["normal", "pneumonia"] and source.channels == 1
-    m, cfg = make_manifest(PartitionConfig(exp=tmp_path / "e", source="medmnist", data_dir=tmp_path))
+    m, cfg = make_manifest(PartitionConfig(exp=tmp_path / "e", source="medmnist", data_dir=tmp_path / "data"))
     assert cfg.scheme == "iid" and len(m.node_names) == 3
     test = NodeDataset(m, "node1", "test")
     assert test.images.shape[1:] == (1, 32, 32) and test.images.dtype == torch.uint8

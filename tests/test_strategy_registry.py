@@ -5,6 +5,7 @@ added to the registry joins these tests with no edit here."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 
 import pandas as pd
@@ -24,7 +25,8 @@ from fedcli.report.collect import load_experiment
 
 NAMES = REGISTRY.names()
 DISTRIBUTED = [name for name in NAMES if REGISTRY[name].distributed]
-RUN = dict(rounds=2, epochs=1, bootstrap=20, threads=1)  # one thread: CPU numbers depend on the count
+# one thread: CPU numbers depend on the count; no initial epoch and batches of 64 keep 45 runs cheap
+RUN = dict(rounds=2, epochs=1, init_epochs=0, batch=64, bootstrap=20, threads=1)
 FILES = ("metrics.csv", "bn_statistics.csv", "comm.csv")
 
 
@@ -98,7 +100,8 @@ def test_every_strategy_that_runs_on_both_engines_gives_the_in_process_numbers_d
                                                                                           tmp_path):
     exp = copy_exp(fl_exp, tmp_path)
     cli.ok("federate", "--exp", exp, *[a for name in DISTRIBUTED for a in ("--strategy", name)], "--rounds", "2",
-           "--epochs", "1", "--bootstrap", "20", "--threads", "1", "--engine", "distributed", "--launch", "local",
+           "--epochs", "1", "--init-epochs", "0", "--batch", "64", "--bootstrap", "20", "--threads", "1",
+           "--engine", "distributed", "--launch", "local",
            "--cross-eval")
     for name in DISTRIBUTED:
         for file in ("metrics.csv", "bn_statistics.csv"):
@@ -119,6 +122,14 @@ def test_every_strategy_that_runs_on_both_engines_gives_the_in_process_numbers_d
         assert set(training.kind) <= set(REGISTRY[name].transfers), name  # what it declares it sends
         inputs = [read_json(e / "federate" / name / "config.json", "config")["inputs"] for e in (reference, exp)]
         assert inputs[1] == inputs[0], name
+    logged = [[json.loads(line) for line in (e / "logs" / "federate" / "events.jsonl").read_text().splitlines()]
+              for e in (exp, reference)]
+    rounds = [[{k: v for k, v in line.items() if k != "time"} for line in lines
+               if line["event"] == "round" and line["strategy"] in DISTRIBUTED] for lines in logged]
+    assert len(rounds[0]) == 2 * len(DISTRIBUTED)
+    for got, expected in zip(*rounds, strict=True):  # rank 0 logs the in-process lines (metrics up to float sums)
+        assert got | {"metrics": None} == expected | {"metrics": None}
+        assert got["metrics"] == [pytest.approx(row, abs=1e-6) for row in expected["metrics"]]
     for node in ("node0", "node1", "node2"):
         assert (exp / "logs" / f"{node}.log").is_file()
     assert not list((exp / "federate").glob(".*checkpoint"))

@@ -1,5 +1,6 @@
-"""`fedcli weights`: the registry matches torchvision, status reads the hub cache, fetch downloads only
-through a stubbed network here and keeps nothing it could not verify."""
+"""`fedcli weights`: the registry matches the published URLs (torchvision's; torch-fidelity's for FID's
+Inception), status reads the hub cache, fetch downloads only through a stubbed network here and keeps
+nothing it could not verify."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision.models
+from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
 
 from fedcli import weights
 
@@ -64,18 +66,19 @@ def state_bytes() -> bytes:
     return buffer.getvalue()
 
 
-def fake_backbone(monkeypatch, data: bytes) -> weights.Backbone:
-    """`alex` renamed to a file whose name carries `data`'s sha256 prefix, as torchvision's names do."""
+def fake_backbone(monkeypatch, data: bytes, name: str = "alex") -> weights.Backbone:
+    """Backbone `name` renamed to a file whose name carries `data`'s sha256 prefix, as published names do."""
     prefix = hashlib.sha256(data).hexdigest()[:8]
-    backbone = dataclasses.replace(weights.BACKBONES["alex"], filename=f"alexnet-fake-{prefix}.pth")
-    monkeypatch.setitem(weights.BACKBONES, "alex", backbone)
+    backbone = dataclasses.replace(weights.BACKBONES[name], filename=f"{name}-fake-{prefix}.pth")
+    monkeypatch.setitem(weights.BACKBONES, name, backbone)
     return backbone
 
 
-def test_every_file_name_is_torchvisions_and_carries_a_hash_prefix():
+def test_every_file_name_is_its_published_urls_and_carries_a_hash_prefix():
     for backbone in weights.BACKBONES.values():
-        assert Path(weights.torchvision_weights(backbone).url).name == backbone.filename
+        assert Path(weights.url(backbone)).name == backbone.filename
         assert len(weights.expected_prefix(backbone.filename)) >= 6
+    assert weights.url(weights.BACKBONES["inception"]) == URL_INCEPTION_V3  # the TF-ported one, not torchvision's
 
 
 def test_status_tells_absent_present_and_corrupt_files_apart(cli, network, monkeypatch):
@@ -102,6 +105,16 @@ def test_fetch_downloads_torchvisions_url_into_the_hub_cache_once(cli, network, 
     assert weights.state_of(backbone) == "present"
     assert "already present" in cli.ok("weights", "fetch", "alex").output
     assert network.requests == [url]
+
+
+def test_fetch_inception_downloads_torch_fidelitys_file_where_fid_looks(cli, network, monkeypatch):
+    data = state_bytes()
+    backbone = fake_backbone(monkeypatch, data, "inception")
+    network.files[URL_INCEPTION_V3] = data
+    assert "downloaded" in cli.ok("weights", "fetch", "inception").output
+    assert network.requests == [URL_INCEPTION_V3]
+    assert weights.hub_checkpoint(weights.BACKBONES["inception"].filename).read_bytes() == data
+    assert weights.state_of(backbone) == "present"
 
 
 def test_fetch_keeps_nothing_it_could_not_verify(cli, network, monkeypatch):

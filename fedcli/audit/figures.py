@@ -9,17 +9,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedcli.plotting import pyplot
+
 LABELS = {"standard": "standard GAN (phase 1)", "control": "control (phase 2 at alpha 0)",
           "privacy": "privacy-preserving GAN (phase 2)", "reference": "reference GAN (without the members)"}
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def to_display(images: torch.Tensor) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Rich progress bar for projection: images done, steps/s, current mean distance."""
+"""Progress of projection: images done, steps/s, current mean distance (fedcli/progress.py: a rich bar on a
+terminal, plain lines elsewhere)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fedcli.progress import ProgressBar
 
 class ProjectionProgress(ProgressBar):
     def __init__(self, label: str, images: int, steps: int):
-        super().__init__(TextColumn("{task.fields[status]}"))
+        super().__init__("audit-privacy", "image", TextColumn("{task.fields[status]}"))
         self.task = self.progress.add_task(f"{label} projection", total=images, status="")
         self.steps = steps
         self._count = 0

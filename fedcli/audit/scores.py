@@ -15,14 +15,30 @@ def pixel_l2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a - b).flatten(1).square().mean(dim=1).sqrt()
 
 
-def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 7, sigma: float = 1.5) -> torch.Tensor:
-    """Mean structural similarity per image pair, images in [-1, 1] (Gaussian window, per channel)."""
-    a, b = (a + 1) / 2, (b + 1) / 2
+SSIM_WINDOW, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03  # Wang et al. 2004
+DATA_RANGE = 2.0  # images in [-1, 1]
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor, chunk: int = 32) -> torch.Tensor:
+    """Mean structural similarity per image pair (N, C, H, W) in [-1, 1], as Wang et al. 2004 define it, so
+    its numbers compare with published ones: an 11x11 Gaussian window of sigma 1.5, K1 0.01, K2 0.03, data
+    range 2, population (co)variances, the mean over every window that lies inside the image and over the
+    channels (scikit-image's structural_similarity with gaussian_weights=True, sigma=1.5,
+    use_sample_covariance=False). An image smaller than 11 pixels on a side gets the largest odd window
+    that fits, its Gaussian (sigma 1.5) cut there and renormalised, rather than no score. Computed in
+    float64 (E[x^2] - E[x]^2 cancels in float32), `chunk` pairs at a time."""
+    return torch.cat([chunk_ssim(a[i:i + chunk], b[i:i + chunk]) for i in range(0, len(a), chunk)])
+
+
+def chunk_ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    size = min(SSIM_WINDOW, *a.shape[-2:])
+    size -= 1 - size % 2
+    dtype, a, b = a.dtype, a.double(), b.double()
     channels = a.shape[1]
-    offsets = torch.arange(window, dtype=a.dtype) - window // 2
-    g = torch.exp(-0.5 * (offsets / sigma) ** 2)
-    g = (g / g.sum()).to(a.device)
-    kernel = (g[:, None] * g[None, :]).expand(channels, 1, window, window)
+    offsets = torch.arange(size, dtype=torch.float64, device=a.device) - size // 2
+    g = torch.exp(-0.5 * (offsets / SSIM_SIGMA) ** 2)
+    g = g / g.sum()
+    kernel = (g[:, None] * g[None, :]).expand(channels, 1, size, size)
 
     def blur(x):
         return F.conv2d(x, kernel, groups=channels)
@@ -30,9 +46,9 @@ def ssim(a: torch.Tensor, b: torch.Tensor, window: int = 7, sigma: float = 1.5) 
     mu_a, mu_b = blur(a), blur(b)
     var_a, var_b = blur(a * a) - mu_a ** 2, blur(b * b) - mu_b ** 2
     cov = blur(a * b) - mu_a * mu_b
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    c1, c2 = (SSIM_K1 * DATA_RANGE) ** 2, (SSIM_K2 * DATA_RANGE) ** 2
     value = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
-    return value.flatten(1).mean(dim=1)
+    return value.flatten(1).mean(dim=1).to(dtype)
 
 
 def distance_matrix(perceptual, queries: torch.Tensor, pool: torch.Tensor, chunk: int = 256) -> torch.Tensor:

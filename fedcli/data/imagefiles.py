@@ -1,28 +1,34 @@
 """Finding, checking and decoding image files: the one decoder partition, training and predict share.
 
-Pixel rule (README, "Preparing the real datasets"): 8-bit files are converted by PIL as they are;
-deeper grayscale files (16-bit PNG/TIFF, 32-bit integer, float) are first scaled to [0, 1] by
-`unit_range`, then resized as floats and quantised to uint8 once. A file declaring more than
-`MAX_PIXELS` pixels is refused from its header, before anything is decompressed.
+Pixel rule (README, "Preparing the real datasets"): a file is first turned upright by its EXIF
+orientation. 8-bit files are then converted by PIL as they are; deeper grayscale files (16-bit PNG/TIFF,
+32-bit integer, float) are scaled to [0, 1] on the dataset's one scale (`pixelscale`, chosen at
+partition and kept in the manifest), then resized as floats and quantised to uint8 once; DICOM files go
+through their own modality and VOI transforms (`dicom`). A file declaring more than `MAX_PIXELS` pixels
+is refused from its header, before anything is decompressed; a multi-page TIFF is refused rather than
+silently read at its first page.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from fedcli.data import dicom
+from fedcli.data.pixelscale import DICOM, EIGHT_BIT, Pixels, Scale, deep_pixels
 from fedcli.errors import UserError
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp"}
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp", dicom.SUFFIX}
 GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
-DEEP_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N", "F"}  # more than 8 bits per pixel: see unit_range
+DEEP_MODES = {"I", "I;16", "I;16B", "I;16L", "I;16N", "F"}  # more than 8 bits per pixel: see pixelscale
 MAX_PIXELS = 100_000_000  # 10,000 x 10,000; a larger file is refused as a likely decompression bomb
-TWELVE_BIT, SIXTEEN_BIT = 4095, 65535
 OPEN_LOCK = threading.Lock()  # warnings.catch_warnings is not thread-safe; decoding runs in threads
 
 
@@ -57,7 +63,7 @@ def require_dir(path: Path, source: str) -> Path:
 
 @contextmanager
 def open_image(path: Path) -> Iterator:
-    """A PIL image whose header declares at most MAX_PIXELS pixels; any failure is a BadImageError.
+    """A PIL image whose header declares at most MAX_PIXELS pixels and one page; any failure is a BadImageError.
 
     PIL's own bomb check (a warning above 89.5 M pixels, an error above twice that) is replaced by
     fedcli's single limit, so a file is either accepted silently or refused with one line.
@@ -76,12 +82,19 @@ def open_image(path: Path) -> Iterator:
     except unreadable as exc:
         raise BadImageError(path, f"is unreadable or corrupt ({exc})", "replace or delete it") from exc
     with image:
-        if image.width * image.height > MAX_PIXELS:
-            raise too_large(path, f"{image.width} x {image.height}")
+        check_size(path, image.width, image.height)
         try:
+            if image.format == "TIFF" and image.n_frames > 1:
+                raise BadImageError(path, f"holds {image.n_frames} pages", "fedcli reads one image per file: save "
+                                    "the page to use as its own file")
             yield image
         except unreadable as exc:
             raise BadImageError(path, f"is unreadable or corrupt ({exc})", "replace or delete it") from exc
+
+
+def check_size(path: Path, width: int, height: int) -> None:
+    if width * height > MAX_PIXELS:
+        raise too_large(path, f"{width} x {height}")
 
 
 def too_large(path: Path, pixels: str) -> BadImageError:
@@ -89,53 +102,77 @@ def too_large(path: Path, pixels: str) -> BadImageError:
                          "bomb?)", "shrink or delete it")
 
 
-def check_images(root: Path, relpaths: Iterable[str]) -> tuple[list[int], int]:
-    """Open each image's header (cheap); return file sizes and the channel count they need.
+def read_dicom(path: Path) -> np.ndarray:
+    """A DICOM file's displayed pixels (`dicom.read`); pydicom's warnings are silenced, under the lock."""
+    try:
+        with OPEN_LOCK, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return dicom.read(path, lambda width, height: check_size(path, width, height))
+    except FileNotFoundError as exc:
+        raise BadImageError(path, "is missing", "restore it or re-run fedcli partition on the current data") from exc
+    except dicom.DicomError as exc:
+        raise BadImageError(path, exc.reason, exc.advice) from exc
 
-    A file that is not a readable image, or that declares too many pixels, is an error that names it.
+
+def inspect_image(path: Path) -> Pixels:
+    """Decode the whole file once, so that truncated or corrupt data stops partition rather than a later
+    stage: its kind, value range (deeper files) and colour. JPEGs decode at 1/8 size (libjpeg's DCT
+    scaling still reads every coded block), the one format where a smaller decode is cheaper."""
+    from PIL import ImageOps
+
+    if path.suffix.lower() == dicom.SUFFIX:
+        return Pixels(DICOM, rgb=read_dicom(path).ndim == 3)
+    with open_image(path) as image:
+        if image.format == "JPEG":
+            image.draft(None, (1, 1))
+        ImageOps.exif_transpose(image, in_place=True)  # loads the file, and reads its orientation as decoding will
+        if image.mode in DEEP_MODES:
+            return deep_pixels(np.asarray(image))
+        return Pixels(EIGHT_BIT, rgb=image.mode not in GRAY_MODES)
+
+
+def check_images(root: Path, relpaths: Iterable[str]) -> tuple[list[int], int, dict[str, Pixels]]:
+    """Decode each image once (in threads: PIL releases the GIL); return file sizes, the channel count they
+    need, and what decoding each found (for the dataset's pixel scale).
+
+    A file that is missing, not a readable image, truncated, or that declares too many pixels is an error
+    that names it.
     """
-    sizes, channels = [], 1
-    for rel in relpaths:
+    relpaths = list(relpaths)
+
+    def inspect(rel: str) -> tuple[int, Pixels]:
         path = root / rel
         if not path.is_file():
             raise UserError(f"image {path} is missing; restore it or remove it from the labels")
-        with open_image(path) as image:
-            image.verify()
-            if image.mode not in GRAY_MODES:
-                channels = 3
-        sizes.append(path.stat().st_size)
-    return sizes, channels
+        return path.stat().st_size, inspect_image(path)
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        found = list(pool.map(inspect, relpaths))
+    channels = 3 if any(pixels.rgb for _, pixels in found) else 1
+    return [size for size, _ in found], channels, {rel: pixels for rel, (_, pixels) in zip(relpaths, found)}
 
 
-def unit_range(values: np.ndarray) -> np.ndarray:
-    """A deep grayscale image's values as float32 in [0, 1].
+def displayed(path: Path, gray: bool | None, scale: Scale):
+    """The file upright as a PIL image: 'L' or 'RGB' for 8-bit files, as PIL converts them; 'F' in [0, 1]
+    for deeper grayscale files (on `scale`) and grayscale DICOM, to be quantised once at the end.
+    `gray` None keeps what the file is (grayscale or colour)."""
+    from PIL import Image, ImageOps
 
-    Integers in [0, 4095] are 12-bit data (full scale 4095), in [0, 65535] 16-bit data (full scale
-    65535); floats in [0, 1] stay as they are; anything else (negative values, 32-bit integers over
-    65535, floats outside [0, 1]) is min-max scaled over the image's finite values, a constant image
-    giving 0. NaN and +-inf become 0.
-    """
-    floats = values.dtype.kind == "f"
-    values = values.astype(np.float64)
-    finite = np.isfinite(values)
-    low, high = (values[finite].min(), values[finite].max()) if finite.any() else (0.0, 0.0)
-    if floats and 0 <= low and high <= 1:
-        scaled = values
-    elif not floats and 0 <= low and high <= SIXTEEN_BIT:
-        scaled = values / (TWELVE_BIT if high <= TWELVE_BIT else SIXTEEN_BIT)
-    else:
-        scaled = (values - low) / (high - low) if high > low else np.zeros_like(values)
-    return np.where(finite, scaled, 0.0).astype(np.float32)
-
-
-def decodable(image, gray: bool):
-    """The opened image in a mode resize handles: 8-bit files as 'L' (gray) or 'RGB', as PIL converts
-    them; deeper grayscale files as 'F' in [0, 1] (`unit_range`), to be quantised once at the end."""
-    from PIL import Image
-
-    if image.mode in DEEP_MODES:
-        return Image.fromarray(unit_range(np.asarray(image)), "F")
-    return image.convert("L" if gray else "RGB")
+    if path.suffix.lower() == dicom.SUFFIX:
+        values = read_dicom(path)
+        if values.ndim == 2:
+            return Image.fromarray(values, "F")
+        return Image.fromarray(values, "RGB").convert("L" if gray else "RGB")
+    with open_image(path) as image:
+        ImageOps.exif_transpose(image, in_place=True)
+        if image.mode in DEEP_MODES:
+            values = np.asarray(image)
+            if problem := scale.misfit(deep_pixels(values)):
+                raise BadImageError(path, *problem)
+            return Image.fromarray(scale.unit(values), "F")
+        if gray is None:
+            gray = image.mode in GRAY_MODES
+        return image.convert("L" if gray else "RGB")
 
 
 def channels_first(array: np.ndarray) -> np.ndarray:
@@ -143,23 +180,21 @@ def channels_first(array: np.ndarray) -> np.ndarray:
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
 
-def decode_image(path: Path, size: int, channels: int) -> np.ndarray:
+def decode_image(path: Path, size: int, channels: int, scale: Scale) -> np.ndarray:
     """Decode one file to a (C, size, size) uint8 array (anti-aliased resize, square)."""
     from PIL import Image
 
-    with open_image(path) as image:
-        image = decodable(image, gray=channels == 1)
-        if image.size != (size, size):
-            image = image.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0)
-        array = np.asarray(image)
+    image = displayed(path, channels == 1, scale)
+    if image.size != (size, size):
+        image = image.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0)
+    array = np.asarray(image)
     if array.dtype != np.uint8:
         array = np.rint(array * 255).clip(0, 255).astype(np.uint8)
     array = channels_first(array)
     return np.repeat(array, channels, axis=0) if array.shape[0] != channels else array
 
 
-def native_pixels(path: Path) -> np.ndarray:
-    """(C, H, W) at the file's own size, one channel for grayscale modes, else RGB: uint8 for 8-bit
+def native_pixels(path: Path, scale: Scale) -> np.ndarray:
+    """(C, H, W) at the file's own size, one channel for grayscale files, else RGB: uint8 for 8-bit
     files, float32 in [0, 1] for deeper ones (for array-source experiments, which resize tensors)."""
-    with open_image(path) as image:
-        return channels_first(np.asarray(decodable(image, gray=image.mode in GRAY_MODES)))
+    return channels_first(np.asarray(displayed(path, None, scale)))

@@ -65,9 +65,9 @@ def decode_chunk(manifest: Manifest, records: list[dict]) -> torch.Tensor:
         raw = torch.from_numpy(array).float().div(255)
         raw = raw.unsqueeze(1) if raw.ndim == 3 else raw.permute(0, 3, 1, 2)
     else:
-        root = manifest.root
+        root, scale = manifest.root, manifest.scale
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            arrays = list(pool.map(lambda r: decode_image(root / r["path"], size, channels), records))
+            arrays = list(pool.map(lambda r: decode_image(root / r["path"], size, channels, scale), records))
         return torch.from_numpy(np.stack(arrays)).float().div(255)
     return to_channels(resize(raw, size), channels)
 

@@ -2,7 +2,8 @@
 
 Schema `fedcli.manifest/1`:
   source, scheme, seed, image_size, channels, label_names, augment, data_root, data_file,
-  test_fraction, folds, dropped, statistics, content_hash,
+  test_fraction, folds, dropped, statistics, content_hash, bit_depth and value_range (the pixel scale of
+  files deeper than 8 bits, data/pixelscale.py; absent in manifests written before it),
   nodes: [{name, site, acquisition, train: [record], test: [record]}]
   record: {id, label, fold (train only), and path (relative to data_root) or index; group; nbytes}
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcli.artifacts import canonical_json, read_json, sha256_bytes
+from fedcli.data.pixelscale import Scale
 from fedcli.errors import UserError
 from fedcli.names import check_name, check_names
 
@@ -105,6 +107,11 @@ class Manifest:
         (a manifest written before partitions named it; every built-in binary source lists it second)."""
         names = self.data["label_names"]
         return names.index(self.data["positive_class"]) if self.data.get("positive_class") in names else 1
+
+    @property
+    def scale(self) -> Scale:
+        """How files deeper than 8 bits decode: the one scale partition chose for the dataset."""
+        return Scale.from_manifest(self.data, self.path)
 
     @property
     def root(self) -> Path | None:

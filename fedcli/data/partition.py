@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from pathlib import Path
 
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.config import PartitionConfig, to_json
-from fedcli.data import acquisition, schemes
+from fedcli.data import acquisition, pixelscale, schemes
 from fedcli.data.manifest import SCHEMA, Manifest, content_hash
 from fedcli.data.node_manifest import node_view
 from fedcli.data.records import Sample, SourceData
@@ -18,7 +19,7 @@ from fedcli.devices import with_threads
 from fedcli.errors import UserError
 from fedcli.layout import inside, partition_dir
 from fedcli.locking import locked
-from fedcli.names import check_names
+from fedcli.names import check_names, check_not_reserved
 
 DEFAULT_NODES = 3
 DIRICHLET_DRAWS = 100  # fresh draws tried before a too-skewed setting is reported
@@ -68,11 +69,15 @@ def node_entry(cfg: PartitionConfig, scheme: str, index: int, name: str, members
     return {"name": name, "site": node_site(members), "acquisition": spec, "train": train, "test": test}
 
 
-def make_manifest(cfg: PartitionConfig) -> tuple[Manifest, PartitionConfig]:
-    """The manifest, and the config with every automatic choice (scheme, nodes, channels) resolved."""
+def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple[Manifest, PartitionConfig]:
+    """The manifest, and the config with every automatic choice (scheme, nodes, channels) resolved;
+    `reserved`: names no node may take (the stage is given the strategy registry's model keys)."""
+    check_exp_outside_data(cfg)
     source = read_source(cfg)
     check_source_names(source, cfg)
     samples = restrict_to_site(source, cfg.site)
+    kept_files = {s.path: source.pixels[s.path] for s in samples if s.path in source.pixels}
+    scale = pixelscale.decide(cfg.bit_depth, kept_files, source.root)  # one scale for every later decode
     scheme = cfg.scheme or source.default_scheme
     n_nodes = None if scheme == "source" else cfg.nodes or DEFAULT_NODES
     cfg = dataclasses.replace(cfg, scheme=scheme, nodes=n_nodes, channels=cfg.channels or source.channels)
@@ -80,6 +85,8 @@ def make_manifest(cfg: PartitionConfig) -> tuple[Manifest, PartitionConfig]:
         raise UserError(f"--nodes {n_nodes} is more than the {len(samples)} samples; lower --nodes")
     nodes = build_nodes(cfg, source, scheme, samples)
     check_names("node", [node["name"] for node in nodes], f"--source {cfg.source}")
+    check_not_reserved([node["name"] for node in nodes], reserved, f"--source {cfg.source}",
+                       "rename that site in the data")
     data = {
         "schema": SCHEMA,
         "source": source.name,
@@ -99,6 +106,7 @@ def make_manifest(cfg: PartitionConfig) -> tuple[Manifest, PartitionConfig]:
         "dropped": source.dropped,
         "nodes": nodes,
         "positive_class": positive_class(cfg, source.label_names),
+        **scale.manifest_fields(),
     }
     data["content_hash"] = content_hash(data)
     manifest = Manifest(data)
@@ -122,6 +130,17 @@ def positive_class(cfg: PartitionConfig, names: list[str]) -> str | None:
     return cfg.positive_class
 
 
+def check_exp_outside_data(cfg: PartitionConfig) -> None:
+    """A data folder is read whole, so an experiment inside it would be read back as data by a later partition
+    (its GAN samples and figures as a new site with new classes)."""
+    if cfg.data_dir is None or not Path(cfg.data_dir).is_dir():
+        return
+    data, exp = Path(cfg.data_dir).resolve(), Path(cfg.exp).resolve()
+    if exp == data or data in exp.parents:
+        raise UserError(f"--exp {cfg.exp} is inside --data-dir {cfg.data_dir}, whose images a later partition would "
+                        "read together with the experiment's own; choose an --exp outside the data folder")
+
+
 def check_source_names(source: SourceData, cfg: PartitionConfig) -> None:
     """Site and class names come from the user's data (folder names, CSV columns); sites become node
     names and so folder names: both are checked before anything is written."""
@@ -131,18 +150,18 @@ def check_source_names(source: SourceData, cfg: PartitionConfig) -> None:
 
 
 @with_threads
-def run(cfg: PartitionConfig) -> Manifest:
+def run(cfg: PartitionConfig, reserved: Collection[str]) -> Manifest:
     """Write `<exp>/partition/`: manifest.json, nodes/<node>.json (what each node may hold),
-    summary.csv, summary.png, config.json."""
+    summary.csv, summary.png, config.json; no node may be named as one of `reserved`."""
     out = partition_dir(cfg.exp)
     with locked(cfg.exp, [out]):
-        return write_partition(cfg, out)
+        return write_partition(cfg, out, reserved)
 
 
-def write_partition(cfg: PartitionConfig, out: Path) -> Manifest:
+def write_partition(cfg: PartitionConfig, out: Path, reserved: Collection[str]) -> Manifest:
     """`run`, with the partition folder locked."""
     check_output_free(out, cfg.overwrite)
-    manifest, cfg = make_manifest(cfg)
+    manifest, cfg = make_manifest(cfg, reserved)
     with staged_output(out, cfg.overwrite) as stage:
         write_json(stage / "manifest.json", manifest.data)
         for node in manifest.node_names:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from fedcli.data.pixelscale import Pixels
+
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
@@ -41,6 +43,7 @@ class SourceData:
     augment: tuple[str, ...] = ("hflip",)  # train-time augmentation suited to the images
     default_scheme: str = "source"
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
+    pixels: dict[str, Pixels] = dataclasses.field(default_factory=dict)  # image file -> what decoding it found
 
     @property
     def sites(self) -> list[str]:

@@ -87,6 +87,11 @@ def assign_folds(name: str, train: list[Sample], folds: int, seed: int) -> list[
         raise NodeError(f"node {name} has only {n_groups} training samples/groups, fewer than --folds {folds}; "
                         "lower --folds")
     labels = np.array([s.label for s in train])
+    largest = max(Counter(labels.tolist()).values())
+    if largest < folds:  # scikit-learn's stratified splitters need one class with a member in every fold
+        fewer = f"lower --folds to {largest}" if largest >= 2 else "use fewer --nodes or more data per site"
+        raise NodeError(f"node {name} has at most {largest} training images of any class, fewer than --folds "
+                        f"{folds}, so stratified folds cannot be made; {fewer}")
     random_state = stream_seed(seed, "folds", name) % 2**32
     grouped = any(s.group is not None for s in train)
     splitter = (StratifiedGroupKFold if grouped else StratifiedKFold)(folds, shuffle=True, random_state=random_state)

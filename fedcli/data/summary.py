@@ -11,6 +11,7 @@ import pandas as pd
 from fedcli.data import acquisition
 from fedcli.data.manifest import Manifest
 from fedcli.data.skew import label_distributions, mean_pairwise_js, mean_pairwise_ks
+from fedcli.plotting import pyplot
 
 
 def class_counts(records: list[dict], n_classes: int) -> np.ndarray:
@@ -93,12 +94,9 @@ def untested_class_notes(manifest: Manifest) -> list[str]:
 
 def write_summary_png(manifest: Manifest, path: Path, per_node: int = 8) -> None:
     """Class-distribution bars per node, and a row of example training images per node."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from fedcli.data.loading import load_images
+
+    plt = pyplot()
 
     nodes, names = manifest["nodes"], manifest["label_names"]
     fig = plt.figure(figsize=(12, 1.2 + 1.1 * len(nodes)), dpi=80)

@@ -17,10 +17,11 @@ from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.buffer_exchange import BufferExchange
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
-from fedcli.fl.evaluator import ENSEMBLE, Evaluator
+from fedcli.fl.evaluator import Evaluator
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.node_data import NodeData, NodeImages
-from fedcli.fl.strategies import REGISTRY, Strategy
+from fedcli.fl.strategies import EVAL, REGISTRY, Strategy
+from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.fl.trainer import Budget, LocalTrainer
 from fedcli.fl.transport import EVERYONE, InProcessTransport, Transfer, Transport
 
@@ -94,11 +95,23 @@ def transfer_order(nodes: list[str]) -> Callable[[Transfer], tuple]:
     return lambda t: (t.round, index[t.sender], kinds.index(t.kind), index[t.receiver])
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundEnd:
+    """What every process learns at the end of a round, the same on both engines: every node's metrics rows
+    of it (none between evaluations), in row order, and the bytes the nodes sent to train in it (models sent
+    only to be tested elsewhere, --cross-eval's, aside)."""
+
+    round: int
+    rows: list[dict]
+    bytes: int
+
+
 def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int, checkpoint: Checkpoint,
-               config: dict, resume: bool, after_round: Callable[[int], None] | None = None
+               config: dict, resume: bool, after_round: Callable[[RoundEnd], None] | None = None
                ) -> tuple[list[dict], list[Transfer]]:
     """Rounds 0..R with evaluation every `eval_every` rounds and at the end; resumable. Returns this
-    process's rows and transfers (every node's, gathered, on a distributed run)."""
+    process's rows and transfers (every node's, gathered, on a distributed run); `after_round` hears of
+    each round once every node has checkpointed it."""
     done = resume_round(fed, checkpoint) if resume else None
     if done is not None:
         states, rows, transfers = checkpoint.load(done, config)
@@ -112,13 +125,18 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
         checkpoint.save(0, strategy.state(), rows, fed.transport.transfers, config)
     for round_ in range(done + 1, rounds + 1):
         strategy.run_round(fed, round_)
+        evaluated = []
         if round_ % eval_every == 0 or round_ == rounds:
             trained_on = (lambda node: strategy.trained_on(fed, node)) if round_ == rounds else None
-            rows += fed.evaluator.evaluate(strategy.name, round_, strategy.models(), trained_on)
+            evaluated = fed.evaluator.evaluate(strategy.name, round_, strategy.models(), trained_on)
+            rows += evaluated
         checkpoint.save(round_, strategy.state(), rows, fed.transport.transfers, config)
-        fed.transport.gather(round_, f"the end of round {round_}")  # every node has saved it
+        sent = sum(t.bytes for t in fed.transport.transfers if t.round == round_ and t.kind != EVAL)
+        parts = fed.transport.gather({"rows": evaluated, "bytes": sent},
+                                     f"the end of round {round_}")  # every node has saved it
         if after_round is not None:
-            after_round(round_)
+            after_round(RoundEnd(round_, sorted((row for part in parts for row in part["rows"]),
+                                                key=row_order(fed.nodes)), sum(part["bytes"] for part in parts)))
     rows = [row for part in fed.transport.gather(rows, "gathering the metrics") for row in part]
     transfers = [Transfer(**t) for part in fed.transport.gather([t.__dict__ for t in fed.transport.transfers],
                                                                 "gathering the transfers") for t in part]

@@ -16,12 +16,12 @@ from fedcli.fl.evaluate import evaluate, predict, resample_counts
 from fedcli.fl.node_data import NodeData
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.base import ENSEMBLE, LABELS
 from fedcli.fl.trainer import LocalTrainer
 from fedcli.fl.transport import Transport
 from fedcli.rng import torch_stream
 
 TrainedOn = Callable[[str], tuple[TensorSource, "TensorSource | None"]]  # node -> its last round's sources
-ENSEMBLE = "ensemble"
 
 
 class Evaluator:
@@ -95,7 +95,7 @@ class Evaluator:
         probs = self.probabilities({key: m for key, m in models.items() if key in self.local_nodes or key in shared})
         out = {f"{key}/{node}": torch.from_numpy(p) for key, per_node in probs.items() for node, p in per_node.items()
                if key in (node, *shared)}
-        return out | {f"labels/{node}": self.data.test[node].labels.clone() for node in self.local_nodes}
+        return out | {f"{LABELS}/{node}": self.data.test[node].labels.clone() for node in self.local_nodes}
 
     def probabilities(self, models: dict[str, nn.Module], refresh: TrainedOn | None = None,
                       augment: tuple[str, ...] = (), round_: int = 0) -> dict[str, dict[str, np.ndarray]]:

@@ -1,4 +1,4 @@
-"""Rich progress bar over federated rounds."""
+"""Progress over federated rounds: a rich bar on a terminal, plain lines elsewhere (fedcli/progress.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fedcli.progress import ProgressBar
 
 class RoundProgress(ProgressBar):
     def __init__(self, label: str, rounds: int):
-        super().__init__(TimeElapsedColumn())
+        super().__init__("federate", "round", TimeElapsedColumn())
         self.task = self.progress.add_task(f"{label} rounds", total=rounds)
 
     def update(self, round_: int) -> None:

@@ -1,15 +1,16 @@
 """What both engines do around a federate run: plan the (strategy, fold) runs and check their outputs,
-load the buffers, resolve and record a run's options, and write a strategy's folder."""
+load the buffers, resolve and record a run's options, log each round's events, and write a strategy's folder."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
-from fedcli import console
+from fedcli import console, events
 from fedcli.artifact_kinds import record_files
 from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, staged_output, write_csv, \
     write_json
@@ -24,6 +25,10 @@ from fedcli.fl.transport import Transfer
 from fedcli.replay.buffer import load_buffer_file
 from fedcli.replay.record import read_gan_config
 from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir
+from fedcli.names import check_not_reserved
+
+if TYPE_CHECKING:
+    from fedcli.fl.engine import RoundEnd
 
 
 @dataclasses.dataclass
@@ -56,8 +61,15 @@ def buffer_user(cfg: FederateConfig) -> str | None:
     return next((s for s in cfg.strategy if REGISTRY[s].needs_buffers and cfg.buffer_size != 0), None)
 
 
+def check_node_names(exp: Path, manifest: Manifest) -> None:
+    """A partition made before node names were checked against the model keys is refused, not misread."""
+    check_not_reserved(manifest.node_names, REGISTRY.reserved_names(), f"{exp}/partition",
+                       "rename that site in the data and re-run fedcli partition --overwrite")
+
+
 def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int | None]]:
     """(strategy, fold) pairs, after the option checks every engine makes before training anything."""
+    check_node_names(cfg.exp, manifest)
     if cfg.fold is not None and not 0 <= cfg.fold < manifest["folds"]:
         raise UserError(f"--fold {cfg.fold} is not a fold of this partition (0..{manifest['folds'] - 1})")
     folds = list(range(manifest["folds"])) if cfg.cv else [cfg.fold]
@@ -117,6 +129,20 @@ def computed(resolved: dict) -> dict:
 
 def run_label(name: str, fold: int | None) -> str:
     return name if fold is None else f"{name} fold {fold}"
+
+
+def record_round(name: str, fold: int | None, rounds: int, end: RoundEnd) -> None:
+    """The round's line in the stage's events (fedcli/events.py): its metrics rows as metrics.csv holds them
+    (less the run's columns) and its bytes; TensorBoard tags `<run>/<model>@<test node>/<metric>` and
+    `<run>/bytes`, step the round."""
+    metrics = [{k: v for k, v in row.items() if k not in ("round", "strategy", *DIAGNOSTIC)} for row in end.rows]
+    label = run_label(name, fold).replace(" ", "-")
+    scalars = {f"{label}/bytes": float(end.bytes)}
+    for row in metrics:
+        scalars |= {f"{label}/{row['model_node']}@{row['test_node']}/{k}": v
+                    for k, v in events.scalars_of(row).items() if k != "n_test"}
+    events.record("round", {"strategy": name, "fold": fold, "round": end.round, "rounds": rounds, "bytes": end.bytes,
+                            "metrics": metrics}, scalars, end.round)
 
 
 def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],

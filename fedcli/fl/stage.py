@@ -5,7 +5,8 @@ bn_statistics.csv (the final round's BatchNorm diagnostic), comm.csv (every tran
 measured bytes), models/<key>.safetensors, predictions.safetensors, config.json.
 With --fold k / --cv, training uses the other train folds and evaluates on fold k, under
 `<exp>/federate/cv/<strategy>/fold<k>/`; the test sets are never touched. A hidden folder next
-to the output holds the checkpoints of the last completed rounds until the run finishes.
+to the output holds the checkpoints of the last completed rounds until the run finishes; each round's
+metrics are also logged as it ends, in `<exp>/logs/federate/events.jsonl` (fedcli/events.py).
 With `--engine distributed` the same runs happen with one process per node (`fl/distributed/`).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 
+from fedcli import events
 from fedcli.artifact_kinds import file_sha256
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
@@ -24,7 +26,7 @@ from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.node_data import NodeImages
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.runs import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
-    planned_runs, run_label, run_outputs, run_seed, strategy_config, write_output
+    planned_runs, record_round, run_label, run_outputs, run_seed, strategy_config, write_output
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import BUFFER, federate_dir, gan_dir
 from fedcli.locking import locked
@@ -44,7 +46,7 @@ def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
                        for node in buffers}
         images = NodeImages(manifest)
         device = resolve_device(cfg.device)
-        with torch_threads(cfg.threads):
+        with torch_threads(cfg.threads), events.stage_log(cfg.exp, "federate"):
             return [run_one(cfg, manifest, device, name, fold, buffers, buffer_info, images, after_round)
                     for name, fold in runs]
 
@@ -58,10 +60,11 @@ def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fol
     strategy = REGISTRY.build(name, resolved)
     work = checkpoint_dir(out)
     with RoundProgress(run_label(name, fold), cfg.rounds) as progress:
-        def on_round(round_: int) -> None:
-            progress.update(round_)
+        def on_round(end: engine.RoundEnd) -> None:
+            progress.update(end.round)
+            record_round(name, fold, cfg.rounds, end)
             if after_round is not None:
-                after_round(name, round_)
+                after_round(name, end.round)
         rows, transfers = engine.run_rounds(fed, strategy, cfg.rounds, cfg.eval_every, Checkpoint(work, fed.nodes),
                                             computed(resolved), cfg.resume, on_round)
     states = {key: model.state_dict() for key, model in strategy.models().items()}

@@ -11,11 +11,19 @@ of steps on either side, so the two sides differ only in their data.
 
 A score tested on images the buffer holds would be meaningless, so a buffer that contains any of
 the test images (other than ones that also occur among the training images) is refused.
+
+A released buffer is flagged (`shortfalls`) when its classifier does no better than chance (always
+answering the test set's most frequent class: what labels alone teach, so replaying the buffer can
+only mislead), or when it scores below its control's buffer by more than the score's own 95%
+interval: both accuracies are counts over the same n test images, so their difference's half-width
+is 1.96 sqrt((p(1-p) + q(1-q)) / n) (taken as independent; their correlation would narrow it, so
+the flag errs towards silence).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
@@ -106,3 +114,31 @@ def score(buffers: dict[str, TensorSource], train: TensorSource, test: TensorSou
                      "ratio": synthetic_accuracy / real_accuracy if real_accuracy > 0 else float("nan"),
                      "class_fidelity": float(np.mean(class_fidelity[name])), "steps": steps[name]}
     return out
+
+
+Z_95 = 1.959964
+BELOW_CHANCE, BELOW_CONTROL = "below chance", "below control"
+
+
+def chance_accuracy(labels: torch.Tensor) -> float:
+    """The accuracy of always answering the most frequent of `labels`."""
+    return float(torch.bincount(labels).max()) / len(labels) if len(labels) else math.nan
+
+
+def difference_margin(p: float, q: float, n: int) -> float:
+    """Half-width of the 95% interval of the difference between two accuracies on the same n images."""
+    return Z_95 * math.sqrt((p * (1 - p) + q * (1 - q)) / n)
+
+
+def shortfalls(released: dict, control: dict | None, chance: float, test_images: int) -> dict:
+    """The released buffer's flags (BELOW_CHANCE, BELOW_CONTROL) and what they were measured against, in
+    ratio units: `floor` (chance over the real accuracy) and `control_margin`."""
+    real = released["real_accuracy"]
+    flags = [BELOW_CHANCE] if released["synthetic_accuracy"] <= chance else []
+    out = {"chance_accuracy": chance, "floor": chance / real if real > 0 else math.nan}
+    if control is not None and test_images:
+        margin = difference_margin(released["synthetic_accuracy"], control["synthetic_accuracy"], test_images)
+        out["control_margin"] = margin / real if real > 0 else math.nan
+        if released["synthetic_accuracy"] < control["synthetic_accuracy"] - margin:
+            flags.append(BELOW_CONTROL)
+    return out | {"flags": flags}

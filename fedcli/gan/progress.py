@@ -1,4 +1,6 @@
-"""Rich progress bar for GAN training: iteration rate, losses, FID and ETA per phase."""
+"""Progress of one node's GAN training: the bar (iteration rate, losses, FID and ETA per phase; plain lines
+off a terminal, fedcli/progress.py) and, in the stage's events (fedcli/events.py), one `check` line per FID
+evaluation with the row's scores."""
 
 from __future__ import annotations
 
@@ -6,13 +8,17 @@ import math
 
 from rich.progress import TextColumn
 
+from fedcli import events
 from fedcli.progress import ProgressBar
+
+RUN_KEYS = ("phase", "iteration")  # where a row stands; the rest are its scores
 
 
 class TrainingProgress(ProgressBar):
     def __init__(self, node: str, iterations: int, pp_iterations: int, controls: bool = False,
                  reference: bool = False):
-        super().__init__(TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[status]}"))
+        super().__init__("train-gan", "it", TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[status]}"))
+        self.node = node
         self.tasks = {1: self.progress.add_task(f"{node} phase 1", total=iterations, rate="", status=""),
                       2: self.progress.add_task(f"{node} phase 2", total=pp_iterations, rate="", status="",
                                                 start=False),
@@ -39,9 +45,19 @@ class TrainingProgress(ProgressBar):
             self.previous = phase
         if "fid" in row:
             self.fid[phase] = row["fid"]
+            self.record_check(row)
         speed = self.progress.tasks[task].speed
         status = f"G {row['loss_g']:.2f} D {row['loss_d']:.2f} p {row['ada_p']:.2f} fid {self.fid[phase]:.3g}"
         if "lpips_mean" in row:
             status += f" lpips {row['lpips_mean']:.3f}"
         self.progress.update(task, completed=row["iteration"], status=status,
                              rate=f"{speed:.1f} it/s" if speed else "")
+
+    def record_check(self, row: dict) -> None:
+        """The check's line in the stage's events; TensorBoard tags `<node>/<phase>/<score>`, step the
+        phase's iteration."""
+        scores = {k: v for k, v in row.items() if k not in RUN_KEYS}
+        phase = f"phase{row['phase']}" if isinstance(row["phase"], int) else row["phase"]
+        events.record("check", {"node": self.node, "phase": row["phase"], "iteration": row["iteration"],
+                                "scores": scores},
+                      {f"{self.node}/{phase}/{k}": v for k, v in events.scalars_of(scores).items()}, row["iteration"])

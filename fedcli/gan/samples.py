@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from fedcli.generators import Sampler
+from fedcli.plotting import pyplot
 from fedcli.replay.buffer import to_uint8
 from fedcli.rng import torch_stream
 
@@ -28,10 +29,7 @@ def class_grid(generator: Sampler, classes: list[int], seed: int, node: str, dev
 def write_samples(path: Path, generators: dict[str, Sampler], titles: dict[str, str], classes: list[int],
                   label_names: list[str], seed: int, node: str, device: str, truncation: float = 1.0) -> None:
     """Every generator's samples, at the buffer's truncation, under its kind's title for its role."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(generators), figsize=(5 * len(generators), 0.55 * len(classes) + 1), dpi=90,
                              squeeze=False)

@@ -5,7 +5,7 @@ Writes `<exp>/gan/<node>/`: the kind's generator files (generator.safetensors: t
 generator_phase1.safetensors: the standard one; generator_control.safetensors: its compute-matched control;
 StyleGAN adds its audit controls, fedcli/gan/stylegan2.py), buffer.safetensors, metrics.csv, samples.png
 and config.json (the kind's record, metric names, provenance). Each node folder is staged and renamed into
-place when complete.
+place when complete; each FID check is logged as it comes, in `<exp>/logs/train-gan/events.jsonl`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from fedcli import console
-from fedcli.artifact_kinds import file_record, file_sha256, record_files
-from fedcli.artifacts import check_output_free, provenance, save_tensors, staged_output, write_csv, write_json
+from fedcli import console, events
+from fedcli.artifact_kinds import CONFIG, file_record, file_sha256, record_files, stale_inputs
+from fedcli.artifacts import provenance, read_json, save_tensors, staged_output, write_csv, write_json
 from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset
 from fedcli.data.manifest import Manifest
@@ -30,6 +30,7 @@ from fedcli.gan.samples import write_samples
 from fedcli.generators import CONTROL, RELEASED, STANDARD, GeneratorKind, NodeTrainer, Sampler, Trained
 from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, gan_dir
 from fedcli.locking import locked
+from fedcli.progress import StepProgress
 from fedcli.replay.buffer import buffer_metadata, sample_buffer
 from fedcli.replay.record import read_gan_config
 
@@ -39,16 +40,40 @@ COMMON_OPTIONS = frozenset({"exp", "node", "seed", "generator", "truncation", "b
                             "device", "threads", "overwrite"})  # what train-gan itself reads, for every kind
 
 
+RUN_LOCAL = frozenset({"exp", "node", "overwrite", "threads"})  # change where and how fast, not what a node makes
+
+
 @with_threads
-def run(cfg: GanConfig) -> list[dict]:
-    """Train (or, with sample_only, re-sample) the chosen nodes; return one summary per node."""
+def run(cfg: GanConfig, keep_finished: bool = False) -> list[dict]:
+    """Train (or, with sample_only, re-sample) the chosen nodes; return one summary per node. `keep_finished`
+    (`fedcli run` after an interruption): a node whose folder this same config made, intact and from this
+    partition, is kept rather than retrained (a node's training does not depend on the others')."""
     manifest = Manifest.load(cfg.exp)
     nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
     with locked(cfg.exp, [gan_dir(cfg.exp, node) for node in nodes]):
-        return run_nodes(cfg, manifest, nodes)
+        summaries = run_nodes(cfg, manifest, nodes, keep_finished)
+    warn_low_fidelity(summaries)
+    return summaries
 
 
-def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> list[dict]:
+def warn_low_fidelity(summaries: list[dict]) -> None:
+    """One warning line naming every node whose released buffer was flagged (fidelity.shortfalls)."""
+    named = []
+    for s in summaries:
+        f = s.get("fidelity") or {}
+        flags = f.get("flags", [])
+        if fidelity.BELOW_CHANCE in flags:
+            named.append(f"node {s['node']}'s fidelity ratio {f['ratio']:.3f} is at or below chance "
+                         f"({f['floor']:.3f}: always answering the most frequent class)")
+        if fidelity.BELOW_CONTROL in flags:
+            named.append(f"node {s['node']}'s fidelity ratio {f['ratio']:.3f} is below its control's "
+                         f"{f['control']['ratio']:.3f} beyond the score's 95% interval (+-{f['control_margin']:.3f})")
+    if named:
+        console.warn(f"released buffers that may cost accuracy when replayed: {'; '.join(named)}; look at their "
+                     "samples.png, train longer (--iterations) or, below the control, lower --alpha")
+
+
+def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finished: bool) -> list[dict]:
     """`run`, with the nodes' folders locked."""
     seed = manifest["seed"] if cfg.seed is None else cfg.seed
     device = resolve_device(cfg.device)
@@ -56,11 +81,47 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> list[dict
         return [resample(cfg, manifest, node, seed, device) for node in nodes]
     kind = generator_kind(cfg.generator)
     check_options(cfg, kind)
+    check_nodes_free(cfg, nodes)
+    kept = {node: summary for node in nodes if keep_finished and (summary := finished(cfg, node)) is not None}
     for node in nodes:
-        check_output_free(gan_dir(cfg.exp, node), cfg.overwrite)
         check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
-    trainer = kind.trainer(cfg, manifest, nodes, seed, device)
-    return [train_node(cfg, manifest, kind, trainer, node, seed, device) for node in nodes]
+    todo = [node for node in nodes if node not in kept]
+    trainer = kind.trainer(cfg, manifest, todo, seed, device) if todo else None
+    for node in kept:
+        console.out.print(f"node {node}: kept, made by this same configuration before an interruption")
+    with events.stage_log(cfg.exp, "train-gan"):  # the FID checks, as they come (gan/progress.py)
+        return [kept[node] if node in kept else train_node(cfg, manifest, kind, trainer, node, seed, device)
+                for node in nodes]
+
+
+def check_nodes_free(cfg: GanConfig, nodes: list[str]) -> None:
+    """Without --overwrite, no node's folder exists; after an interrupted run, the line names the nodes still to
+    train (`--node` trains one) as well as --overwrite."""
+    done = [node for node in nodes if gan_dir(cfg.exp, node).exists()]
+    if not done or cfg.overwrite:
+        return
+    rest = [node for node in nodes if node not in done]
+    left = (f"; train the nodes without one ({', '.join(rest)}) with fedcli train-gan --node NAME each, or pass "
+            "--overwrite to retrain every node") if rest else "; pass --overwrite to replace it"
+    others = f" (as do those of {', '.join(done[1:])})" if done[1:] else ""
+    raise UserError(f"{gan_dir(cfg.exp, done[0])} already exists{others}{left}")
+
+
+def finished(cfg: GanConfig, node: str) -> dict | None:
+    """The summary of a node folder made by this configuration (up to where and how fast), whose files still
+    hash to its record and whose partition is this one; None otherwise."""
+    folder = gan_dir(cfg.exp, node)
+    try:
+        saved = read_json(folder / CONFIG, "GAN config")
+    except UserError:
+        return None
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        return None
+    ours = {k: v for k, v in to_json(cfg).items() if k not in RUN_LOCAL}
+    theirs = {k: v for k, v in saved["config"].items() if k not in RUN_LOCAL}
+    if ours != theirs or saved.get("files") != record_files(folder) or stale_inputs(folder / CONFIG):
+        return None
+    return {k: v for k, v in saved.items() if k not in {*provenance("train-gan", {}, 0, {}), "files"}}
 
 
 def check_options(cfg: GanConfig, kind: GeneratorKind) -> None:
@@ -135,11 +196,14 @@ def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, c
     others = {role: TensorSource(*sample_buffer(generators[role], classes, cfg.buffer_size, seed, node, device,
                                                 cfg.truncation)) for role in (STANDARD, CONTROL)}
     budget = fidelity.config_budget(cfg, manifest)
-    scores = fidelity.score({"released": buffer, **others}, train, TensorSource(test.images, test.labels),
-                            budget, in_channels=manifest["channels"], num_classes=manifest.num_classes, seed=seed,
-                            node=node, device=device)
+    with StepProgress("train-gan", f"{node} fidelity score"):  # classifiers to train: a log goes on saying so
+        scores = fidelity.score({"released": buffer, **others}, train, TensorSource(test.images, test.labels),
+                                budget, in_channels=manifest["channels"], num_classes=manifest.num_classes,
+                                seed=seed, node=node, device=device)
+    chance = fidelity.chance_accuracy(test.labels)
     return scores["released"] | {name: scores[name] for name in others} | {
-        "test_images": len(test), "classifier": dataclasses.asdict(budget)}
+        "test_images": len(test), "classifier": dataclasses.asdict(budget)} | fidelity.shortfalls(
+        scores["released"], scores[CONTROL], chance, len(test))
 
 
 def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str) -> dict:

@@ -41,7 +41,7 @@ class StyleGan2:
         "iterations", "patience", "pp_iterations", "fid_every", "fid_images", "fid_factor", "alpha", "privacy_loss",
         "privacy_scale", "batch", "lr", "r1_gamma", "ada_target", "ada_kimg", "ema_kimg", "style_mixing", "z_dim",
         "w_dim", "channel_base", "channel_max", "lpips_net", "lpips_weights", "fid_weights", "controls", "tiny_node",
-        "reference", "dp_epsilon", "dp_delta", "dp_max_grad_norm"})
+        "reference", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "select"})
     titles = {STANDARD: "standard GAN (phase 1)", RELEASED: "privacy-preserving GAN (phase 2, buffer)",
               CONTROL: "control (phase 2 at alpha 0)"}
 
@@ -203,7 +203,8 @@ class NodeTraining:
         if reference is not None:
             record["reference"] = {"fid": reference.fid, "best_iteration": reference.iteration,
                                    "iterations": reference.iterations_run, "stopped": reference.stopped,
-                                   "images": len(data) - len(held_out), "stream": "train-gan-reference",
+                                   **reference.selection, "images": len(data) - len(held_out),
+                                   "stream": "train-gan-reference",
                                    "held_out_ids": [data.records[i]["id"] for i in held_out]}
         if dp:
             record["dp"] = dp.record()
@@ -213,7 +214,7 @@ class NodeTraining:
 def phases_record(cfg: GanConfig, trainer: GanTrainer, phases) -> dict:
     phase1, phase2, control, reseeded = phases
     return {"phase1": {"fid": phase1.fid, "best_iteration": phase1.iteration, "iterations": phase1.iterations_run,
-                       "stopped": phase1.stopped},
+                       "stopped": phase1.stopped, **phase1.selection},
             "phase2": {"fid": phase2.fid, "kept_iteration": phase2.iteration, "iterations": phase2.iterations_run,
                        "stopped": phase2.stopped, "fid_limit": cfg.fid_factor * phase1.fid,
                        "privacy_reference": trainer.privacy_reference},

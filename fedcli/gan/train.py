@@ -1,10 +1,11 @@
 """Training one node's GAN: phase 1 (standard, FID early stopping), phase 2 (privacy loss) and its control.
 
-Phase 1 trains without L_PP and stops when FID has not improved for `patience` iterations; its
-best-FID snapshot is the "standard GAN". Phase 2 fine-tunes from that snapshot with
-L_G - alpha * L_PP and stops when FID exceeds `fid_factor` times the best phase-1 FID (or at
-its iteration cap); its generator is the last snapshot whose FID was within the factor. The
-control generator is phase 2 again at alpha = 0, as many iterations as the kept snapshot had.
+Phase 1 trains without L_PP; its snapshot rule (fedcli/gan/selection.py: by default the lowest
+running median of three consecutive FID checks, stopping after `patience` iterations without a
+lower one) keeps the "standard GAN". Phase 2 fine-tunes from that snapshot with L_G - alpha * L_PP and stops
+when FID exceeds `fid_factor` times the kept phase-1 snapshot's FID (or at its iteration cap); its
+generator is the last snapshot whose FID was within the factor. The control generator is phase 2
+again at alpha = 0, as many iterations as the kept snapshot had.
 Every random draw comes from the trainer's generator, keyed by (seed, node) by the caller.
 
 After StyleGAN2-ADA: lazy R1, an EMA generator whose half-life ramps up with the images seen,
@@ -27,6 +28,7 @@ from fedcli.gan import ada, fid, losses
 from fedcli.gan.networks import Architecture, Discriminator, Generator
 from fedcli.gan.perceptual import Perceptual
 from fedcli.gan.private import DpPlan, PrivateUpdate, check_per_sample, poisson_batch
+from fedcli.gan.selection import SnapshotSelection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,7 @@ class TrainSettings:
     privacy_scale: str = "absolute"  # or "relative": L_PP over losses.real_reference
     iterations: int = 400  # phase-1 cap
     patience: int = 400
+    select: str = "stable"  # phase 1's snapshot rule (fedcli/gan/selection.py)
     pp_iterations: int = 200  # phase-2 cap
     fid_every: int = 100
     fid_images: int = 512
@@ -87,12 +90,8 @@ class GanTrainer:
         self.iteration = 0
         self.images_seen = 0
         self._order = torch.empty(0, dtype=torch.long)
-        with torch.no_grad():
-            real_features = self._embed(self.reals[: settings.fid_images])
-        # fallback features are rescaled to the real features' spread, so FID reads in those units
-        spread = float(real_features.double().var(dim=0).mean().sqrt())
-        self.feature_scale = 1.0 if features.calibrated or spread == 0 else spread
-        self.real_stats = fid.statistics(real_features / self.feature_scale)
+        with torch.no_grad():  # an uncalibrated space's FID reads in units of the real features' spread
+            self.frechet = fid.Frechet(self._embed(self.reals[: settings.fid_images]), features.calibrated)
         # every real image's LPIPS features, for the nearest-form privacy loss
         self.real_lpips = self.perceptual.features_of(self.reals) if settings.privacy_loss == "nearest" else None
         self.privacy_reference = 1.0
@@ -222,8 +221,7 @@ class GanTrainer:
         n = min(self.s.fid_images, max(len(self.reals), 2))
         fakes = torch.cat([self.G_ema(self._randn(m, self.arch.z_dim), self._fake_labels(m), generator=self.rng)
                            for m in chunk_sizes(n, 256)])
-        fake_features = self._embed(fakes.clamp(-1, 1)) / self.feature_scale
-        return fid.frechet_distance(self.real_stats, fid.statistics(fake_features))
+        return self.frechet.distance(self._embed(fakes.clamp(-1, 1)))
 
     def redraw_order(self) -> None:
         """Forget the rest of the current pass over the data, so the next pass is drawn from the stream."""
@@ -261,6 +259,7 @@ class PhaseResult:
     iteration: int
     iterations_run: int
     stopped: str  # "cap" (iteration limit), "patience" (phase 1), "fid-factor" (phase 2), "privacy-matched" (control)
+    selection: dict = dataclasses.field(default_factory=dict)  # phase 1: the snapshot rule and its judgement
 
 
 class Phases(NamedTuple):
@@ -305,7 +304,8 @@ def private_run(trainer: GanTrainer, log: Callable[[dict], None]) -> Phases:
         if evaluated(i, s.iterations, s.fid_every):
             row["fid"] = fid_value = trainer.fid()
         log(row)
-    released = PhaseResult(copy.deepcopy(trainer.G_ema.state_dict()), fid_value, s.iterations, s.iterations, "cap")
+    released = PhaseResult(copy.deepcopy(trainer.G_ema.state_dict()), fid_value, s.iterations, s.iterations, "cap",
+                           {"select": "last", "judged_fid": None})
     off = PhaseResult(released.generator, fid_value, 0, 0, "dp")
     return Phases(released, off, off, None)
 
@@ -338,23 +338,23 @@ def evaluated(iteration: int, last: int, every: int) -> bool:
 
 def standard_phase(trainer: GanTrainer, log: Callable[[dict], None], name: str | int = 1
                    ) -> tuple[PhaseResult, dict]:
-    """Phase 1 (its rows logged as phase `name`), and the trainer's state at its best-FID snapshot."""
+    """Phase 1 (its rows logged as phase `name`), and the trainer's state at the snapshot `s.select` keeps
+    (fedcli/gan/selection.py)."""
     s = trainer.s
-    best_fid, best_state, best_iteration, since_best = math.inf, None, 0, 0
-    stopped = "cap"
+    selection = SnapshotSelection(s.select, s.patience, s.fid_every)
+    kept_state, stopped = None, "cap"
     for i in range(1, s.iterations + 1):
         row = {"phase": name, "iteration": i, **trainer.step(alpha=0.0)}
         if evaluated(i, s.iterations, s.fid_every):
             row["fid"] = trainer.fid()
-            if row["fid"] < best_fid:
-                best_fid, best_state, best_iteration, since_best = row["fid"], trainer.snapshot(), i, 0
-            else:
-                since_best += s.fid_every
+            if selection.check(i, row["fid"]):
+                kept_state = trainer.snapshot()
         log(row)
-        if since_best >= s.patience:
+        if selection.exhausted:
             stopped = "patience"
             break
-    return PhaseResult(copy.deepcopy(best_state["G_ema"]), best_fid, best_iteration, i, stopped), best_state
+    return PhaseResult(copy.deepcopy(kept_state["G_ema"]), selection.kept_fid, selection.kept_iteration, i, stopped,
+                       selection.record()), kept_state
 
 
 def privacy_phase(trainer: GanTrainer, log: Callable[[dict], None], phase1_fid: float) -> PhaseResult:

@@ -1,7 +1,8 @@
 """What `fedcli run` last made in an experiment folder, so an up-to-date stage is skipped.
 
 A unit of work (a stage, or one strategy of federate) has a fingerprint: the hash of its
-resolved config, the fedcli version and its upstream units' fingerprints. It is up to date when
+resolved config, the fedcli and torch versions (another torch can give other numbers on the same
+CPU, so an upgrade reruns every unit once) and its upstream units' fingerprints. It is up to date when
 the ledger holds the same fingerprint, every file it wrote still hashes to what the run recorded
 (a stage re-run by hand, a deleted folder, a truncated buffer or model makes it stale), and the
 inputs its config.json files name still hash to what they recorded (a GAN retrained since, whose
@@ -19,13 +20,14 @@ from typing import Any
 from fedcli import __version__
 from fedcli.artifact_kinds import CONFIG, file_sha256, output_files, stale_inputs
 from fedcli.artifacts import canonical_json, read_json, write_json
+from fedcli.environment import environment
 from fedcli.errors import UserError
-from fedcli.subexperiments import LEDGER
-
+from fedcli.subexperiments import LEDGER, REMAKE_LEDGER
 
 
 def fingerprint(unit: str, config: dict[str, Any], upstream: list[str]) -> str:
-    payload = {"unit": unit, "config": config, "upstream": sorted(upstream), "fedcli": __version__}
+    payload = {"unit": unit, "config": config, "upstream": sorted(upstream), "fedcli": __version__,
+               "torch": environment()["torch"]}
     return "sha256:" + hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
@@ -37,11 +39,11 @@ def output_hashes(folder: Path) -> dict[str, str]:
 class Ledger:
     def __init__(self, folder: Path):
         self.path = Path(folder) / LEDGER
-        self.data = read_json(self.path, "run ledger") if self.path.is_file() else {"units": {}}
+        self.data = read_json(self.path, "run ledger", REMAKE_LEDGER) if self.path.is_file() else {"units": {}}
         units = self.data.get("units") if isinstance(self.data, dict) else None
         if not isinstance(units, dict) or not all(isinstance(u, dict) and {"fingerprint", "outputs"} <= set(u)
                                                   for u in units.values()):
-            raise UserError(f"run ledger {self.path} is corrupt; delete it and fedcli run reruns every stage")
+            raise UserError(f"run ledger {self.path} is corrupt; {REMAKE_LEDGER}")
 
     def up_to_date(self, unit: str, fp: str, folder: Path) -> bool:
         entry = self.data["units"].get(unit)

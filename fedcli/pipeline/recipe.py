@@ -26,11 +26,14 @@ from fedcli.subexperiments import key_values
 
 STAGE_CLASSES = {"partition": PartitionConfig, "train_gan": GanConfig, "federate": FederateConfig,
                  "audit": AuditConfig, "report": ReportConfig}
+UNASKED_UNITS = 1000  # about 3x the largest bundled recipe (the study's, 314 units with [select]); more: --yes
+MAX_NAME_BYTES = 255  # a folder name's limit on common file systems (ext4, APFS, NTFS)
 RUN_OWNED = {"exp", "overwrite", "resume"}  # set by `fedcli run` itself, never by a recipe
 NOT_FINGERPRINTED = RUN_OWNED | {"threads"}
 NOT_IN_RUN = {"node": "fedcli run trains and audits every node", "sample_only": "use fedcli train-gan --sample-only",
               "strict": "use fedcli audit-privacy --strict", "fold": "use a [select] table for cross-validation",
               "cv": "use a [select] table for cross-validation"}
+NOT_IN_RECIPE = frozenset(RUN_OWNED | set(NOT_IN_RUN))  # refused in a recipe, so never listed as valid keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +68,7 @@ class Recipe:
         origin = f"recipe {path}"
         stages = {}
         for table, config in STAGE_CLASSES.items():
-            values = stage_values(config, table, raw.get(table, {}), origin)
+            values = stage_values(config, table, raw.get(table, {}), origin, NOT_IN_RECIPE)
             check_run_keys(table, values, origin)
             stages[table] = values
         recipe = cls(Path(path), stages, parse_sweep(raw.get("sweep", {}), origin), parse_select(raw.get("select", {}),
@@ -105,11 +108,32 @@ class Recipe:
             return [Point("", ())]
         keys = list(self.sweep)
         short = [name for _, name in keys]
-        points = []
+        points: dict[str, Point] = {}  # by case-folded name: folder names some file systems fold
         for combo in itertools.product(*(self.sweep[k] for k in keys)):
             name = key_values((n if short.count(n) == 1 else f"{t}.{n}", v) for (t, n), v in zip(keys, combo))
-            points.append(Point(name, tuple((t, n, v) for (t, n), v in zip(keys, combo))))
-        return points
+            point = Point(name, tuple((t, n, v) for (t, n), v in zip(keys, combo)))
+            check_point_name(point, points.get(name.casefold()))
+            points[name.casefold()] = point
+        return list(points.values())
+
+    def units(self) -> int:
+        """Units of work `fedcli run` may start: per sub-experiment partition, train-gan, audit-privacy and each
+        strategy's final run plus its [select] grid points times folds; and the report."""
+        total = 1
+        for point in self.points():
+            configs = self.configs(point, Path("."))
+            folds = (self.select["folds"] or configs["partition"].folds) if self.select else 0
+            total += 3 + sum(1 + len(self.grid(s)) * folds for s in configs["federate"].strategy)
+        return total
+
+    def check_size(self, yes: bool) -> None:
+        """A recipe of more than UNASKED_UNITS units starts only with --yes: a typo in a [sweep] (100 x 100
+        values) must not start days of training, and CI has no terminal to ask."""
+        units = self.units()
+        if units > UNASKED_UNITS and not yes:
+            raise UserError(f"recipe {self.path} makes {units} units of work ({len(self.points())} sub-experiments), "
+                            f"more than the {UNASKED_UNITS} fedcli run starts unasked; check its [sweep] and [select], "
+                            "then pass --yes")
 
     def configs(self, point: Point, exp: Path) -> dict[str, Any]:
         """Each stage's config for one sub-experiment folder; an error names the table (and sub-experiment)."""
@@ -127,6 +151,20 @@ class Recipe:
         """The [select] grid points that make a difference to `strategy`."""
         keys = [k for k in select_keys() if k in self.select and varies_for(k, strategy)]
         return [dict(zip(keys, combo)) for combo in itertools.product(*(self.select[k] for k in keys))]
+
+
+def check_point_name(point: Point, same: Point | None) -> None:
+    """A sub-experiment's folder name is unique (after case folding) and short enough for any file system."""
+    if same is not None:
+        raise UserError(f"[sweep] values {values_text(same)} and {values_text(point)} make the same sub-experiment "
+                        f"{point.name!r}; remove one of them")
+    if len(point.name.encode()) > MAX_NAME_BYTES:
+        raise UserError(f"[sweep] values {values_text(point)} make a sub-experiment name of {len(point.name.encode())} "
+                        f"bytes, over the {MAX_NAME_BYTES} a folder name may have; sweep shorter values")
+
+
+def values_text(point: Point) -> str:
+    return ", ".join(f"{table}.{name}={value!r}" for table, name, value in point.values)
 
 
 def check_run_keys(table: str, values: dict[str, Any], origin: str) -> None:
@@ -179,7 +217,8 @@ def parse_sweep(table: dict[str, Any], origin: str) -> dict[tuple[str, str], lis
             raise UserError(f"{origin}: sweep key {key} cannot be swept (a report option, set by fedcli run, or "
                             "given twice)")
         check_run_keys(stage, {name: None}, origin)
-        checked = [stage_values(STAGE_CLASSES[stage], stage, {name: v}, f"{origin} [sweep]")[name] for v in values]
+        checked = [stage_values(STAGE_CLASSES[stage], stage, {name: v}, f"{origin} [sweep]", NOT_IN_RECIPE)[name]
+                   for v in values]
         sweep[(stage, name)] = checked
     return sweep
 

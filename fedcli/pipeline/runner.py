@@ -6,10 +6,15 @@ federate unit per strategy, audit-privacy, and the report. A unit runs when its 
 it is skipped. Sub-experiments of a sweep live in `<exp>/runs/<key=value,...>/`; a unit whose
 fingerprint another sub-experiment already has is not rerun but linked (relative symlink), so a
 buffer-size sweep trains the GANs once.
+
+A dry run (`fedcli run --dry-run`) walks the same units and says what each would do, writing nothing
+and taking no lock. A federate unit after a [select] grid that would run is named without its
+fingerprint: the grid point it trains with is known only once the grid has run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -33,11 +38,12 @@ from fedcli.pipeline.recipe import NOT_FINGERPRINTED, Point, Recipe
 from fedcli.subexperiments import key_values
 
 class Runner:
-    def __init__(self, recipe: Recipe, exp: Path):
-        self.recipe, self.exp = recipe, Path(exp)
+    def __init__(self, recipe: Recipe, exp: Path, dry_run: bool = False):
+        self.recipe, self.exp, self.dry_run = recipe, Path(exp), dry_run
         self.owners: dict[str, Path] = {}  # fingerprint -> the folder holding that unit's output
-        self.statuses: Counter[str] = Counter()  # ran, skipped, shared
+        self.statuses: Counter[str] = Counter()  # ran, skipped, shared (in a dry run: would be)
         self.fingerprints: list[str] = []
+        self.pending: set[str] = set()  # a dry run's units that would run, so their outputs cannot be read yet
 
     @property
     def report_config(self):
@@ -45,37 +51,41 @@ class Runner:
 
     def run(self) -> Counter[str]:
         """Every unit, with the whole experiment locked (a second `fedcli run` on it is refused at once)."""
-        with locked(self.exp, [self.exp]):
+        with contextlib.nullcontext() if self.dry_run else locked(self.exp, [self.exp]):
             points = self.recipe.points()
             for point in points:
                 self.run_point(point)
-            self.prune_points([p.name for p in points])
+            if not self.dry_run:
+                self.prune_points([p.name for p in points])
             report = self.report_config
             fp = fingerprint("report", plain(report), self.fingerprints)
-            if self.statuses["ran"]:
-                Ledger(self.exp).forget("report")  # an input was remade: the report is redrawn
-            self.unit(self.exp, "", "report", fp, "report", lambda: report_run(report))
+            remade = bool(self.statuses["ran"])  # an input was remade (or would be): the report is redrawn
+            self.unit(self.exp, "", "report", fp, "report", lambda: report_run(report), stale=remade)
         return self.statuses
 
     def run_point(self, point: Point) -> None:
         folder = self.exp / "runs" / point.name if point.name else self.exp
-        folder.mkdir(parents=True, exist_ok=True)
-        Ledger(folder).set_point([list(v) for v in point.values])
+        if not self.dry_run:
+            folder.mkdir(parents=True, exist_ok=True)
+            Ledger(folder).set_point([list(v) for v in point.values])
         cfgs = self.recipe.configs(point, folder)
         part, gan, fed, audit = (cfgs[t] for t in ("partition", "train_gan", "federate", "audit"))
         p_fp = fingerprint("partition", plain(part), [])
-        self.unit(folder, point.name, "partition", p_fp, "partition", lambda: stage_run("fedcli.data.partition", part))
-        nodes = set(Manifest.load(folder).node_names)
-        for stage_dir in ("gan", "audit"):  # a node an earlier partition had must not linger in the report
-            prune(folder / stage_dir, keep=nodes)
-        prune(folder / "federate", keep=set(fed.strategy) | {"cv"})
-        prune(folder / "select", keep={key_values(v.items()) for s in fed.strategy for v in self.recipe.grid(s)}
-              if self.recipe.select else set())
+        self.unit(folder, point.name, "partition", p_fp, "partition",
+                  lambda: stage_run("fedcli.data.partition", part, reserved=REGISTRY.reserved_names()))
+        if not self.dry_run:
+            self.prune_point(folder, fed)
         g_fp = fingerprint("train-gan", plain(gan), [p_fp])
-        self.unit(folder, point.name, "train-gan", g_fp, "gan", lambda: stage_run("fedcli.gan.stage", gan))
+        self.unit(folder, point.name, "train-gan", g_fp, "gan",
+                  lambda: stage_run("fedcli.gan.stage", gan, keep_finished=True))
         for strategy in fed.strategy:
             upstream = [p_fp, g_fp] if REGISTRY[strategy].needs_buffers else [p_fp]
             chosen, select_fps = self.select(folder, point.name, fed, strategy, upstream, part.folds)
+            if chosen is None:
+                self.statuses["ran"] += 1
+                console.out.print(f"{point.name + ': ' if point.name else ''}federate {strategy}: would run, with the "
+                                  "grid point model selection picks", soft_wrap=True)
+                continue
             cfg = dataclasses.replace(fed, strategy=(strategy,), **chosen)
             fp = fingerprint(f"federate:{strategy}", federate_key(cfg), upstream + select_fps)
             self.unit(folder, point.name, f"federate {strategy}", fp, f"federate/{strategy}",
@@ -83,15 +93,25 @@ class Runner:
         a_fp = fingerprint("audit-privacy", plain(audit), [p_fp, g_fp])
         self.unit(folder, point.name, "audit-privacy", a_fp, "audit", lambda: stage_run("fedcli.audit.stage", audit))
 
+    def prune_point(self, folder: Path, fed: FederateConfig) -> None:
+        """Outputs of a sub-experiment that its recipe no longer makes go."""
+        nodes = set(Manifest.load(folder).node_names)
+        for stage_dir in ("gan", "audit"):  # a node an earlier partition had must not linger in the report
+            prune(folder / stage_dir, keep=nodes)
+        prune(folder / "federate", keep=set(fed.strategy) | {"cv"})
+        prune(folder / "select", keep={key_values(v.items()) for s in fed.strategy for v in self.recipe.grid(s)}
+              if self.recipe.select else set())
+
     def select(self, folder: Path, label: str, fed: FederateConfig, strategy: str, upstream: list[str],
-               partition_folds: int) -> tuple[dict[str, Any], list[str]]:
-        """Model selection: the grid point with the best mean validation score over K train folds."""
+               partition_folds: int) -> tuple[dict[str, Any] | None, list[str]]:
+        """Model selection: the grid point with the best mean validation score over K train folds (None in a dry
+        run where a grid point would run first)."""
         grid = self.recipe.grid(strategy)
         if not self.recipe.select or grid == [{}]:
             return {}, []
         folds = self.recipe.select["folds"] or partition_folds
         metric = METRIC_COLUMNS[self.recipe.select["metric"]]
-        best, fps = None, []
+        best, fps, unknown = None, [], False
         for values in grid:
             name = key_values(values.items())
             sub = folder / "select" / name
@@ -105,11 +125,16 @@ class Runner:
                     link(sub / stage_dir, folder / stage_dir)
                 for fold in range(folds):
                     federate_run(dataclasses.replace(cfg, fold=fold))
-            self.unit(folder, label, f"select {strategy} {name}", fp, f"select/{name}/federate/cv/{strategy}", validate)
-            score = validation_score(folder / "select" / name / "federate" / "cv" / strategy, folds, metric)
+            if not self.unit(folder, label, f"select {strategy} {name}", fp, f"select/{name}/federate/cv/{strategy}",
+                             validate):
+                unknown = True
+                continue
+            score = validation_score(self.owners[fp], folds, metric)
             sign = -1 if metric in LOWER_IS_BETTER else 1
             if best is None or sign * score > sign * best[0] or (np.isnan(best[0]) and not np.isnan(score)):
                 best = (score, values)
+        if unknown:
+            return None, fps
         console.out.print(f"{label + ': ' if label else ''}select {strategy}: "
                           f"{', '.join(f'{k}={v}' for k, v in best[1].items()) or 'defaults'} "
                           f"(mean validation {self.recipe.select['metric']} {best[0]:.3f} over {folds} folds)")
@@ -130,24 +155,39 @@ class Runner:
         for unit in [u for u in ledger.data["units"] if u != "report"]:
             ledger.forget(unit)
 
-    def unit(self, folder: Path, label: str, unit: str, fp: str, rel: str, action: Callable[[], Any]) -> None:
+    def unit(self, folder: Path, label: str, unit: str, fp: str, rel: str, action: Callable[[], Any],
+             stale: bool = False) -> bool:
+        """Share, skip or run one unit (`stale`: run it even if up to date); a dry run only says which. Returns
+        whether its output is there to read."""
         target = folder / rel
         self.fingerprints.append(fp)
         prefix = f"{label}: " if label else ""
+        would = "would be " if self.dry_run else ""
         owner = self.owners.get(fp)
         if owner is not None and owner != target:
-            link(target, owner)
+            if not self.dry_run:
+                link(target, owner)
             self.statuses["shared"] += 1
-            console.out.print(f"{prefix}{unit}: same inputs as {os.path.relpath(owner, self.exp)}, shared")
-            return
+            console.out.print(f"{prefix}{unit}: same inputs as {os.path.relpath(owner, self.exp)}, {would}shared",
+                              soft_wrap=True)
+            return fp not in self.pending
         self.owners[fp] = target
         ledger = Ledger(folder)
-        if adopt(target, rel, unit, fp):
-            ledger.record(unit, fp, target)
-        if ledger.up_to_date(unit, fp, target):
+        if self.dry_run:
+            current = ledger.up_to_date(unit, fp, target) or adoptable(target, rel, unit, fp)
+        else:
+            if adopt(target, rel, unit, fp):
+                ledger.record(unit, fp, target)
+            current = ledger.up_to_date(unit, fp, target)
+        if current and not stale:
             self.statuses["skipped"] += 1
-            console.out.print(f"{prefix}{unit}: up to date, skipped")
-            return
+            console.out.print(f"{prefix}{unit}: up to date, {would}skipped", soft_wrap=True)
+            return True
+        if self.dry_run:
+            self.pending.add(fp)
+            self.statuses["ran"] += 1
+            console.out.print(f"{prefix}{unit}: would run", soft_wrap=True)
+            return False
         ledger.forget(unit)
         if target.is_symlink():  # it was shared; a real folder is replaced by the stage only on success
             target.unlink()
@@ -158,17 +198,24 @@ class Runner:
         ledger.record(unit, fp, target)
         self.statuses["ran"] += 1
         console.out.print(f"{prefix}{unit}: done in {seconds:.1f} s")
+        return True
+
+
+def adoptable(target: Path, rel: str, unit: str, fp: str) -> bool:
+    """Whether `target` links to another sub-experiment's up-to-date output of this very unit."""
+    if not target.is_symlink() or not target.exists():
+        return False
+    source = target.resolve()
+    return Ledger(source.parents[len(Path(rel).parts) - 1]).up_to_date(unit, fp, source)
 
 
 def adopt(target: Path, rel: str, unit: str, fp: str) -> bool:
     """A link to another sub-experiment's up-to-date output of this very unit becomes this folder's own
     (the output moves here), so that dropping or reordering sweep values does not retrain it."""
-    if not target.is_symlink() or not target.exists():
+    if not adoptable(target, rel, unit, fp):
         return False
     source = target.resolve()
     source_point = source.parents[len(Path(rel).parts) - 1]
-    if not Ledger(source_point).up_to_date(unit, fp, source):
-        return False
     target.unlink()
     shutil.move(source, target)
     Ledger(source_point).forget(unit)
@@ -222,9 +269,10 @@ def remove(target: Path) -> None:
         shutil.rmtree(target)
 
 
-def stage_run(module: str, cfg) -> None:
-    """A stage's `run` (partition, train-gan, audit-privacy), replacing a stale output only when it succeeds."""
-    importlib.import_module(module).run(dataclasses.replace(cfg, overwrite=True))
+def stage_run(module: str, cfg, **extra) -> None:
+    """A stage's `run`, replacing a stale output only when it succeeds. Partition is given the names no node may
+    take; train-gan keeps the nodes an interrupted run finished with the same config."""
+    importlib.import_module(module).run(dataclasses.replace(cfg, overwrite=True), **extra)
 
 
 def federate_run(cfg) -> None:

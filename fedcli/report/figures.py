@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcli.audit.figures import pyplot
+from fedcli.plotting import pyplot
 from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, dp_label, own_rows, own_scores
 
 

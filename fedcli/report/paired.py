@@ -20,6 +20,7 @@ from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.evaluate import metric_values, percentile_interval, resample_counts
 from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.base import LABELS
 from fedcli.layout import PREDICTIONS
 from fedcli.report.collect import Run, SubExperiment
 
@@ -35,7 +36,7 @@ def own_predictions(run: Run, nodes: list[str], classes: int) -> dict[str, tuple
     out = {}
     for node in nodes:
         key = next((f"{k}/{node}" for k in (node, *REGISTRY.shared_model_keys()) if f"{k}/{node}" in tensors), None)
-        labels = tensors.get(f"labels/{node}")
+        labels = tensors.get(f"{LABELS}/{node}")
         if key is None or labels is None:
             return None  # a distributed run with this node elsewhere: nothing to pair on
         probs, y = tensors[key].double().numpy(), labels.long().numpy()

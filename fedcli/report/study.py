@@ -18,6 +18,7 @@ from scipy import stats as scipy_stats
 from fedcli.config import LOWER_IS_BETTER, architectures
 from fedcli.fl.federate_config import select_keys, varies_for
 from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.fl.transport import EVERYONE
 from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, cross_scores, dp_label, own_rows, own_scores
 from fedcli.report.paired import paired_bootstrap_frame
@@ -222,7 +223,7 @@ def table5(subs: list[SubExperiment], metric: str) -> Built:
             for node in nodes:
                 at = last[last.test_node == node]
                 singles[node] += at[at.model_node.isin(nodes)][metric].astype(float).tolist()
-                ensembles[node] += at[at.model_node == "ensemble"][metric].astype(float).tolist()
+                ensembles[node] += at[at.model_node == ENSEMBLE][metric].astype(float).tolist()
         if not any(ensembles.values()):
             continue
         row = {}
@@ -568,6 +569,7 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
         rows[node] = {"FID standard": Stat.of([g["phase1"]["fid"] for g in mine]),
                       "FID privacy": Stat.of([g["phase2"]["fid"] for g in mine]),
                       "iterations": f"{mine[0]['phase1']['iterations']} + {mine[0]['phase2']['iterations']}",
+                      "phase 1 kept": ", ".join(dict.fromkeys(phase1_kept(g["phase1"]) for g in mine)),
                       "phase 2 kept": ", ".join(dict.fromkeys(phase2_kept(g["phase2"]) for g in mine)),
                       "buffer": str(mine[0]["buffer"]["size"])}
         scored = [g["fidelity"] for g in mine if g.get("fidelity")]
@@ -577,7 +579,8 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
                            "ratio control": Stat.of([f.get("control", {}).get("ratio") for f in scored]),
                            "synthetic acc": Stat.of([f["synthetic_accuracy"] for f in scored]),
                            "real acc": Stat.of([f["real_accuracy"] for f in scored]),
-                           "class fidelity": Stat.of([f["class_fidelity"] for f in scored])}
+                           "class fidelity": Stat.of([f["class_fidelity"] for f in scored]),
+                           "flags": flag_counts(scored)}
         if standalone:
             rows[node]["standalone acc"] = Stat.of([sc.get(node) for sc in standalone])
         private = [g["dp"] for g in mine if g.get("dp")]
@@ -589,9 +592,14 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
             "test images, mean of the classifier seeds; ratio = synthetic / real, for the released buffer, the "
             "standard (phase 1) generator and the control (phase 2 at alpha 0), each from the same draws; class "
             "fidelity = the real classifier's accuracy on the buffer.")
+    flagged = [node for node, row in rows.items() if row.get("flags")]
+    if flagged:
+        note += (f" Flagged released buffers: {', '.join(flagged)} (below chance: its classifier did no better than "
+                 "always answering the test set's most frequent class; below control: below the control's ratio by "
+                 "more than the 95% interval of a difference of two accuracies on the same test images).")
     stopped = sorted({g["node"] for g in gans if g["phase2"]["stopped"] == "fid-factor"})
     if stopped:
-        note += (" Phase 2 exceeded its FID limit (--fid-factor x the best phase-1 FID) on "
+        note += (" Phase 2 exceeded its FID limit (--fid-factor x the kept phase-1 snapshot's FID) on "
                  f"{', '.join(stopped)}: the privacy generator is the last snapshot within the limit, and the "
                  "standard generator itself where none was (kept iteration 0).")
     if any(g.get("dp") for g in gans):
@@ -602,6 +610,18 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
     if settings:
         note += " " + settings_note(settings, gans[0]["config"], gans[0]["buffer"].get("truncation", 1.0))
     return ReportTable("gan_summary", title, pd.DataFrame(rows).T, note, rows_are="node")
+
+
+def phase1_kept(phase1: dict) -> str:
+    """The kept standard snapshot's iteration of those run, why phase 1 stopped, and the rule that kept it."""
+    rule = f", {phase1['select']}" if "select" in phase1 else ""
+    return f"{phase1.get('best_iteration', '?')}/{phase1['iterations']} ({phase1['stopped']}{rule})"
+
+
+def flag_counts(scores: list[dict]) -> str:
+    """Each flag the node's released buffers carried (gan/fidelity.py shortfalls), in how many of its runs."""
+    flags = [flag for f in scores for flag in f.get("flags", [])]
+    return ", ".join(f"{flag} {flags.count(flag)}/{len(scores)}" for flag in dict.fromkeys(flags))
 
 
 def phase2_kept(phase2: dict) -> str:

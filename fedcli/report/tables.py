@@ -6,39 +6,46 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.base import ENSEMBLE
 
 
 def gan_table(summaries: list[dict]) -> Table:
-    """Per node: FID of both phases (with the feature space's name), iterations (phase 2: the kept
-    snapshot's iteration of those run), why each phase stopped, the buffer, and its
-    fidelity ratio (released buffer; standard generator's as `ratio 1`, the control's as `ratio ctrl`)
-    and class fidelity."""
+    """Per node: FID of both phases (with the feature space's name), the kept snapshot's iteration of
+    those run, why each phase stopped, the buffer, and its fidelity ratio (released buffer; standard
+    generator's as `ratio 1`, the control's as `ratio ctrl`), class fidelity and the released buffer's
+    flags (gan/fidelity.py shortfalls)."""
     fid_name = summaries[0]["metric_names"]["fid"] if summaries else "fid"
     uncalibrated = summaries and not summaries[0]["fid"]["calibrated"]
     table = Table(title="train-gan", caption="uncalibrated: fallback feature network (no ImageNet weights)"
                   if uncalibrated else None)
-    table.title = escape(f"train-gan ({fid_name})")
-    columns = ["node", "images", "FID 1", "iters 1", "stop 1", "FID 2", "kept 2", "stop 2", "buffer"]
+    rule = summaries[0]["phase1"].get("select") if summaries else None
+    table.title = escape(f"train-gan ({fid_name}" + (f"; phase-1 snapshot: {rule})" if rule else ")"))
+    columns = ["node", "images", "FID 1", "kept 1", "stop 1", "FID 2", "kept 2", "stop 2", "buffer"]
     scored = any(s.get("fidelity") for s in summaries)
     private = any(s.get("dp") for s in summaries)
-    for column in columns + (["ratio", "ratio 1", "ratio ctrl", "class fid"] if scored else []) + \
+    for column in columns + (["ratio", "ratio 1", "ratio ctrl", "class fid", "flags"] if scored else []) + \
             (["epsilon", "delta", "sigma"] if private else []):
-        table.add_column(column, justify="left" if column in ("node", "stop 1", "stop 2") else "right")
+        table.add_column(column, justify="left" if column in ("node", "stop 1", "stop 2", "flags") else "right")
     for s in summaries:
         p1, p2, f = s["phase1"], s["phase2"], s.get("fidelity")
-        cells = [s["node"], str(s["train_images"]), f"{p1['fid']:.4g}", str(p1["iterations"]), p1["stopped"],
+        cells = [s["node"], str(s["train_images"]), f"{p1['fid']:.4g}", phase1_kept(p1), p1["stopped"],
                  f"{p2['fid']:.4g}", f"{p2['kept_iteration']}/{p2['iterations']}", phase2_stop(p2),
                  str(s["buffer"]["size"])]
         if scored:
             control = f"{f['control']['ratio']:.3f}" if f and "control" in f else "-"
-            cells += [f"{f['ratio']:.3f}", f"{f['phase1']['ratio']:.3f}", control, f"{f['class_fidelity']:.3f}"] \
-                if f else ["-"] * 4
+            cells += [f"{f['ratio']:.3f}", f"{f['phase1']['ratio']:.3f}", control, f"{f['class_fidelity']:.3f}",
+                      ", ".join(f.get("flags", [])) or "-"] if f else ["-"] * 5
         if private:
             dp = s.get("dp")
             cells += [f"{dp['epsilon']:.3g}", f"{dp['delta']:.2g}", f"{dp['noise_multiplier']:.3g}"] if dp else \
                 ["-"] * 3
         table.add_row(*cells)
     return table
+
+
+def phase1_kept(phase1: dict) -> str:
+    """The kept snapshot's iteration of those run."""
+    return f"{phase1.get('best_iteration', '?')}/{phase1['iterations']}"
 
 
 def phase2_stop(phase2: dict) -> str:
@@ -108,7 +115,7 @@ def ensemble_table(runs, nodes: list[str], metric: str = "accuracy") -> Table | 
     shown = False
     for run in runs:
         rows = final_round(run.rows)
-        ensemble = {r["test_node"]: r[metric] for r in rows if r["model_node"] == "ensemble"}
+        ensemble = {r["test_node"]: r[metric] for r in rows if r["model_node"] == ENSEMBLE}
         if not ensemble:
             continue
         single = [r[metric] for r in rows if r["model_node"] in nodes]

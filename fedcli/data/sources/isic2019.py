@@ -65,7 +65,7 @@ def read(data_dir: Path, task: str) -> SourceData:
         labels = onehot.argmax(axis=1).astype(np.int64)
         label_names = list(CLASSES)
     rels = [f"{IMAGES}/{image}.jpg" for image in table["image"]]
-    sizes, _ = check_images(root, rels)
+    sizes, _, pixels = check_images(root, rels)
     samples = [
         Sample(id=str(image), label=int(label), site=str(lesion).split("_")[0].lower(), group=str(lesion),
                path=rel, nbytes=nbytes)
@@ -80,4 +80,5 @@ def read(data_dir: Path, task: str) -> SourceData:
         augment=("hflip", "rot90"),
         default_scheme="source",
         dropped=dropped,
+        pixels=pixels,
     )

@@ -47,14 +47,13 @@ def read(data_dir: Path) -> SourceData:
     blank = frame.index[(frame["path"].str.strip() == "") | (frame["label"].str.strip() == "")]
     if len(blank):
         raise UserError(f"{path}: row {int(blank[0]) + 2} has an empty path or label; fill or remove it")
-    if frame["path"].duplicated().any():
-        raise UserError(f"{path}: {frame['path'][frame['path'].duplicated()].iloc[0]} is listed twice")
     labels = frame["label"].str.strip().tolist()
     if all(v.lstrip("-").isdigit() for v in labels):
         labels = [str(int(v)) for v in labels]
     names = label_order(labels)
     root = path.parent
-    sizes, channels = check_images(root, frame["path"].tolist())
+    check_distinct_files(path, root, frame["path"].tolist())
+    sizes, channels, pixels = check_images(root, frame["path"].tolist())
     sites = frame["node"].tolist() if "node" in frame.columns else [path.stem] * len(frame)
     groups = frame["group"].tolist() if "group" in frame.columns else [None] * len(frame)
     samples = [
@@ -62,4 +61,20 @@ def read(data_dir: Path) -> SourceData:
         for rel, label, site, group, nbytes in zip(frame["path"], labels, sites, groups, sizes)
     ]
     return SourceData(name="csv", samples=samples, label_names=names, channels=channels, root=root.resolve(),
-                      default_scheme="source" if "node" in frame.columns else "iid")
+                      default_scheme="source" if "node" in frame.columns else "iid", pixels=pixels)
+
+
+def check_distinct_files(table: Path, root: Path, relpaths: list[str]) -> None:
+    """Rows name distinct files, compared as files (device and inode), not as text: `a/0.png`, `./a/0.png`
+    and a link to it are one image, which two rows would put on two nodes, or in train and test of one.
+    A missing file is left for the image check to name."""
+    seen: dict[tuple[int, int], int] = {}  # (device, inode) -> the row that named it first
+    for row, rel in enumerate(relpaths):
+        try:
+            stat = (root / rel).stat()
+        except OSError:
+            continue
+        first = seen.setdefault((stat.st_dev, stat.st_ino), row)
+        if first != row:
+            raise UserError(f"{table}: rows {first + 2} ({relpaths[first]}) and {row + 2} ({rel}) name the same file, "
+                            "which would sit on two nodes or in both train and test; keep one of the rows")

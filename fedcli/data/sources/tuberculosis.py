@@ -34,7 +34,7 @@ def read(data_dir: Path) -> SourceData:
             "unpack the official archives there"
         )
     rels = [str(p.relative_to(root)) for p in found.values()]
-    sizes, _ = check_images(root, rels)
+    sizes, _, pixels = check_images(root, rels)
     samples = []
     for (key, path), rel, nbytes in zip(found.items(), rels, sizes):
         prefix, _, label = NAME.match(path.name).groups()
@@ -47,4 +47,5 @@ def read(data_dir: Path) -> SourceData:
         root=root.resolve(),
         augment=("hflip",),
         default_scheme="source",
+        pixels=pixels,
     )

@@ -24,12 +24,13 @@ from pathlib import Path
 import pandas as pd
 import torch.distributed as dist
 
+from fedcli import events
 from fedcli.config import to_json
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.distributed.group import published_verdict
-from fedcli.fl.distributed.worker import MISMATCH_EXIT, log_path
+from fedcli.fl.distributed.worker import MISMATCH_EXIT, TENSORBOARD_FLAG, log_path
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.runs import StrategyRun, buffer_user, check_outputs, checkpoint_dir, load_buffer, planned_runs, \
     run_outputs
@@ -68,6 +69,7 @@ def start_nodes(cfg: FederateConfig, manifest: Manifest, runs: list[tuple[str, i
                "LOCAL_WORLD_SIZE": str(len(nodes)), "FEDCLI_STORE_HOSTED": "1", "OMP_NUM_THREADS": str(threads),
                TOKEN_ENV: TOKEN}
         procs, logs = {}, {}
+        tensorboard = [TENSORBOARD_FLAG] if events.tensorboard_wanted() else []
         for rank, node in enumerate(nodes):
             config = Path(tmp) / f"{node}.json"  # the node is named, so no rank looks it up in another's manifest
             values = to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node))
@@ -77,7 +79,7 @@ def start_nodes(cfg: FederateConfig, manifest: Manifest, runs: list[tuple[str, i
             with open(log, "ab") as handle:  # the child keeps its own descriptor
                 logs[node] = (log, handle.tell())  # this launch's lines start here
                 procs[node] = subprocess.Popen(
-                    [sys.executable, "-m", "fedcli.fl.distributed.worker", str(config)], stdout=handle,
+                    [sys.executable, "-m", "fedcli.fl.distributed.worker", str(config), *tensorboard], stdout=handle,
                     stderr=None if rank == 0 else handle, env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)})
         try:
             stuck = watch(procs, cfg.timeout + GRACE_S)

@@ -5,7 +5,8 @@ nodes arrives through the transport (their payloads) or as counts and hashes. Be
 ranks check that they share one partition and one set of options. At the end, rank 0 writes the
 strategy folder (metrics and comm of every node, and the models it can see: all of them when the
 ranks share a file system, as with --launch local); a rank on a machine of its own writes its own
-copy with its own models. Each rank logs to `<exp>/logs/<node>.log`.
+copy with its own models. Each rank logs to `<exp>/logs/<node>.log`; the ranks that write the strategy
+folder also write the stage's events, one line per round with every node's metrics (fedcli/events.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from fedcli import events
 from fedcli.artifact_kinds import file_sha256
 from fedcli.artifacts import canonical_json, load_tensors, save_tensors
 from fedcli.config import stage_values, to_json
@@ -34,13 +36,14 @@ from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.node_data import NodeImages
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.runs import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
-    planned_runs, run_label, run_outputs, run_seed, strategy_config, write_output
+    planned_runs, record_round, run_label, run_outputs, run_seed, strategy_config, write_output
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir, inside
 from fedcli.locking import locked
 
 FINAL = "final"  # a rank's final models, inside its checkpoint part, for rank 0 to collect
 MISMATCH_EXIT = 3  # a checkpoint from other options: the launcher raises CheckpointMismatch
+TENSORBOARD_FLAG = "--tensorboard"  # how the launcher passes fedcli federate --tensorboard on to its nodes
 
 
 def log_path(exp: Path, node: str) -> Path:
@@ -136,8 +139,14 @@ class Rank:
         """Under this node's locks: its launcher's (`--launch local`), or its own (started by hand)."""
         with locked(self.cfg.exp, run_outputs(self.cfg, self.runs), parts=[self.node]):
             check_outputs(self.cfg, self.runs, self.manifest.node_names, local=[self.node])
-            runs = [self.run_one(name, fold) for name, fold in self.runs]
+            with events.stage_log(self.cfg.exp, "federate") if self.writes_results else contextlib.nullcontext():
+                runs = [self.run_one(name, fold) for name, fold in self.runs]
         return runs if self.group.rank == 0 else []
+
+    @property
+    def writes_results(self) -> bool:
+        """Rank 0, and a rank on a machine of its own, write the strategy folders and the stage's events."""
+        return self.group.rank == 0 or not self.shared_disk
 
     def run_one(self, name: str, fold: int | None) -> StrategyRun:
         cfg, node = self.cfg, self.node
@@ -151,7 +160,7 @@ class Rank:
         work = checkpoint_dir(out)
         self.log.info("%s: start (resume=%s)", run_label(name, fold), cfg.resume)
         started = time.perf_counter()
-        with self.progress(run_label(name, fold)) as on_round:
+        with self.progress(name, fold) as on_round:
             rows, transfers = engine.run_rounds(fed, strategy, cfg.rounds, cfg.eval_every,
                                                 Checkpoint(work, fed.nodes, local=[node]), computed(resolved),
                                                 cfg.resume, on_round)
@@ -163,7 +172,7 @@ class Rank:
                          {k: v.detach().cpu() for k, v in model.state_dict().items()})
         save_tensors(final / PREDICTIONS, fed.evaluator.own_predictions(strategy.models()))
         self.group.exchange(f"{run_label(name, fold)}: writing the results", True)  # final models are on disk
-        if self.group.rank == 0 or not self.shared_disk:
+        if self.writes_results:
             folders = sorted(work.glob(f"*/{FINAL}")) if self.group.rank == 0 else [final]
             states = {p.stem: load_tensors(p, "final model") for f in folders
                       for p in sorted((f / "models").glob("*.safetensors"))}
@@ -173,30 +182,34 @@ class Rank:
         return StrategyRun(name, fold, out, rows, fed.nodes)
 
     @contextlib.contextmanager
-    def progress(self, label: str):
-        """Rank 0 draws the round bar; every rank logs each round's time."""
+    def progress(self, name: str, fold: int | None):
+        """Rank 0 draws the round bar; every rank logs each round's time; the ranks that write results log
+        each round's events (every node's metrics, gathered at the round's end)."""
+        label = run_label(name, fold)
         bar = RoundProgress(label, self.cfg.rounds) if self.group.rank == 0 else contextlib.nullcontext()
         last = [time.perf_counter()]
 
-        def update(round_: int) -> None:
+        def update(end: engine.RoundEnd) -> None:
             now = time.perf_counter()
-            self.log.info("%s: round %d done in %.3f s", label, round_, now - last[0])
+            self.log.info("%s: round %d done in %.3f s", label, end.round, now - last[0])
             last[0] = now
+            record_round(name, fold, self.cfg.rounds, end)
             if self.group.rank == 0:
-                bar.update(round_)
+                bar.update(end.round)
 
         with bar:
             yield update
 
 
 def main(argv: list[str]) -> None:
-    """`python -m fedcli.fl.distributed.worker CONFIG.json`: how `--launch local` starts a node. Its
-    output goes to the node's log, where the launcher reads the error line."""
+    """`python -m fedcli.fl.distributed.worker CONFIG.json [--tensorboard]`: how `--launch local` starts a
+    node. Its output goes to the node's log, where the launcher reads the error line."""
     values = json.loads(Path(argv[0]).read_text())
     try:
         cfg = FederateConfig(exp=Path(values.pop("exp")),
                              **stage_values(FederateConfig, "federate", values, "launch config"))
-        run(cfg)
+        with events.tensorboard(TENSORBOARD_FLAG in argv[1:]):
+            run(cfg)
     except UserError as exc:
         print(f"error: {exc}", flush=True)
         sys.exit(MISMATCH_EXIT if isinstance(exc, CheckpointMismatch) else 2)

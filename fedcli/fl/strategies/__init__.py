@@ -12,7 +12,7 @@ from typing import Any
 
 from fedcli.config import check_ranges
 from fedcli.errors import UserError
-from fedcli.fl.strategies.base import NODES, Declaration, Strategy
+from fedcli.fl.strategies.base import ENSEMBLE, LABELS, NODES, Declaration, Strategy
 
 EVAL = "eval"  # the transfer kind of models sent only to be tested on another node's test set
 
@@ -82,8 +82,9 @@ class Registry:
         return tuple(dict.fromkeys(d.model_key for d in self if d.pooled and d.model_key != NODES))
 
     def reserved_names(self) -> tuple[str, ...]:
-        """Names no node may take: every model key a strategy produces, and the ensemble's."""
-        return (*self.shared_model_keys(), "ensemble")
+        """Names no node may take: every model key a strategy produces, the ensemble's, and the labels' key of
+        predictions.safetensors (a node of that name would be read as, or overwrite, one of them)."""
+        return (*self.shared_model_keys(), ENSEMBLE, LABELS)
 
     def transfer_kinds(self) -> tuple[str, ...]:
         """Every kind of transfer, training kinds in the order strategies declare them, then eval."""

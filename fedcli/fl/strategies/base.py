@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from fedcli.fl.engine import Federation
 
 NODES = "nodes"  # the model key of a strategy with one model per node: each node's own name
+ENSEMBLE = "ensemble"  # the key of the node models' mean softmax in metrics and predict
+LABELS = "labels"  # the key of the test labels in predictions.safetensors (`labels/<test node>`)
 
 
 def option(default: Any, low: float, high: float, help: str, select: bool = False, **bounds: Any) -> Any:
