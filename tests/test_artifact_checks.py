@@ -100,7 +100,7 @@ def test_a_truncated_buffer_or_model_makes_fedcli_run_rerun_that_unit(cli, made,
     record_case(4, "truncated buffer (and model): fedcli run reruns that unit", args, result, intact)
     assert result.exit_code == 0 and intact
     # the GAN rerun gives the same buffer bytes (CPU determinism), so what read the buffer stays up to date
-    assert statuses(result.output) == {"partition": "skipped", "train-gan": "ran", "federate feder": "skipped",
+    assert statuses(result.stdout) == {"partition": "skipped", "train-gan": "ran", "federate feder": "skipped",
                                        "federate fedavg": "ran", "audit-privacy": "skipped", "report": "ran"}
 
 
