@@ -519,7 +519,7 @@ def run(
         counts = Runner(loaded, exp, dry_run=True).run()
         console.out.print(f"dry run: {len(loaded.points())} sub-experiment(s), {sum(counts.values())} units: "
                           f"{counts['ran']} would run, {counts['skipped']} up to date, {counts['shared']} would be "
-                          f"shared with another sub-experiment; nothing was written")
+                          "shared with another sub-experiment; nothing was written", soft_wrap=True)
         return
     loaded.check_size(yes)
     runner = Runner(loaded, exp)

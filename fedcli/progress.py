@@ -22,6 +22,8 @@ class ProgressBar:
     """`stage` and `unit` (what a task counts, e.g. "it") name the plain lines; `on_terminal=False` draws
     nothing on a terminal (a step that had no bar there)."""
 
+    announce = False  # off a terminal, a line for each task at once rather than at its first advance
+
     def __init__(self, stage: str, unit: str, *extra_columns, on_terminal: bool = True):
         terminal = console.err.is_terminal
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *extra_columns,
@@ -31,7 +33,7 @@ class ProgressBar:
     def __enter__(self):
         self.progress.__enter__()
         if self.lines is not None:
-            self.lines.start()
+            self.lines.start(self.announce)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -43,8 +45,12 @@ class ProgressBar:
 
 
 class StepProgress(ProgressBar):
-    """A long step without a count between two bars (a buffer's fidelity score), so that a log off a
-    terminal does not fall silent during it; a terminal shows nothing, as before."""
+    """A long step without a count outside the bars (a buffer's fidelity score, FID's feature network), so
+    that a log off a terminal does not fall silent during it: a line when it starts (it has no first
+    advance to wait for; it runs after the stage's checks), every interval, and when it ends. A terminal
+    shows nothing, as before."""
+
+    announce = True
 
     def __init__(self, stage: str, description: str):
         super().__init__(stage, "step", on_terminal=False)
@@ -66,8 +72,12 @@ class PlainLines:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fedcli-progress-lines", daemon=True)
 
-    def start(self) -> None:
+    def start(self, announce: bool = False) -> None:
         self.last_line = time.monotonic()
+        if announce:
+            started = [task for task in self.progress.tasks if task.started]
+            self.shown.update(task.id for task in started)
+            self.write([self.line(task) for task in started])
         self._thread.start()
 
     def _run(self) -> None:

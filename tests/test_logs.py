@@ -24,6 +24,7 @@ from fedcli.fl import stage
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.progress import RoundProgress
 from fedcli.gan.progress import TrainingProgress
+from fedcli.progress import StepProgress
 
 STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
 
@@ -75,6 +76,17 @@ def test_a_failed_task_adds_no_line_after_what_was_written(capsys, monkeypatch):
             raise RuntimeError
     assert [STAMP.sub("", line).split(",")[0] for line in capsys.readouterr().err.splitlines()] == [
         "federate fedavg rounds: 1/3"]
+
+
+def test_a_step_without_a_count_gets_a_line_when_it_starts_each_interval_and_when_it_ends(capsys, monkeypatch):
+    monkeypatch.setattr(progress, "POLL_S", 3600.0)
+    with StepProgress("train-gan", "node0 fidelity score") as step:
+        step.lines.tick(step.lines.last_line + progress.INTERVAL_S - 1)
+        step.lines.tick(step.lines.last_line + progress.INTERVAL_S)
+    states = [STAMP.sub("", line).split(", ")[0] for line in capsys.readouterr().err.splitlines()]
+    assert [s.rsplit(" ", 1)[0] for s in states] == ["train-gan node0 fidelity score: elapsed",
+                                                     "train-gan node0 fidelity score: elapsed",
+                                                     "train-gan node0 fidelity score: done in"]
 
 
 def test_on_a_terminal_the_rich_bar_is_drawn_as_before(monkeypatch):

@@ -31,6 +31,7 @@ from fedcli.gan.train import GanTrainer, TrainSettings, long_run, private_run, r
 from fedcli.generators import CONTROL, RELEASED, STANDARD, Trained
 from fedcli.layout import (GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE, GENERATOR_RESEEDED,
                            GENERATOR_TINY)
+from fedcli.progress import StepProgress
 from fedcli.replay.groups import interleave, matched_groups
 from fedcli.rng import numpy_stream, stream_seed, torch_stream
 
@@ -96,8 +97,9 @@ def node_feature_space(cfg: GanConfig, manifest: Manifest, node: str, seed: int,
     """FID's offline feature space: a SmallCNN trained on the node's training images with the fidelity
     score's lr, batch and epochs."""
     budget = dataclasses.replace(fidelity.config_budget(cfg, manifest), model="cnn")
-    classifier, _ = fidelity.train_classifier(train, budget, len(train), manifest["channels"], manifest.num_classes,
-                                              (seed, node, "fid-features"), device)
+    with StepProgress("train-gan", f"{node} FID features"):  # a classifier trained before the first iteration
+        classifier, _ = fidelity.train_classifier(train, budget, len(train), manifest["channels"],
+                                                  manifest.num_classes, (seed, node, "fid-features"), device)
     return fid.classifier_space(classifier)
 
 
