@@ -210,9 +210,11 @@ def remove_leftovers(final: Path) -> tuple[list[str], bool]:
     renames). Only for the holder of final's lock (fedcli.locking), so no live writer's folder goes.
     Returns the names removed and whether the previous output was put back."""
     final = Path(final)
-    if not final.parent.is_dir():
+    try:  # a sibling rank may remove the empty folder it made at any moment (see in_folder)
+        found = sorted(p for p in final.parent.iterdir()
+                       if p.name.startswith((aside(final, STAGING), aside(final, OLD))))
+    except FileNotFoundError:
         return [], False
-    found = sorted(p for p in final.parent.iterdir() if p.name.startswith((aside(final, STAGING), aside(final, OLD))))
     restored = False
     for folder in found:
         previous = folder / final.name

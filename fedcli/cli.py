@@ -158,11 +158,11 @@ def train_gan(
                                   "stylegan2 kind's unless said otherwise."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     iterations: int = typer.Option(GanConfig.iterations, help="Phase 1 (standard GAN) iteration cap."),
-    patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when its judged FID (--select stable) has "
-                                 "not improved for this many iterations."),
-    select: SelectRule = typer.Option(GanConfig.select, help="Phase 1's snapshot: stable (each FID check judged by "
-                                      "the median of it and the two before it, so no single reading wins or stops "
-                                      "training; the lowest judgement kept, with --patience) or last (every "
+    patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when no FID check has come within the "
+                                 "noise of the lowest (--select stable) for this many iterations."),
+    select: SelectRule = typer.Option(GanConfig.select, help="Phase 1's snapshot: stable (the latest whose FID is "
+                                      "within the checks' own noise, the median change of log FID between checks, "
+                                      "of the lowest reading; --patience counts from it) or last (every "
                                       "--iterations, the last snapshot: a fixed-iteration generator). Under "
                                       "--dp-epsilon always last."),
     pp_iterations: Optional[int] = typer.Option(None, help="Phase 2 (privacy loss) iteration cap \\[default: 100; 0 "

@@ -87,6 +87,12 @@ def test_quick_defaults_are_recorded(gan_exp):
     config = json.loads((gan_exp / "gan" / "node0" / "config.json").read_text())
     assert config["config"]["lpips_net"] == "alex" and config["config"]["fid_factor"] == 2.5
     assert config["phase2"]["fid"] <= config["phase2"]["fid_limit"] or config["phase2"]["kept_iteration"] == 0
+    # the snapshot rule and its kept iteration; the released buffer's flags against chance and its control
+    assert config["config"]["select"] == config["phase1"]["select"] == "stable"
+    assert config["phase1"]["best_iteration"] in (6, 12) and config["phase1"]["noise_factor"] >= 1
+    assert set(config["fidelity"]["flags"]) <= {"below chance", "below control"}
+    assert config["fidelity"]["floor"] == pytest.approx(config["fidelity"]["chance_accuracy"]
+                                                        / config["fidelity"]["real_accuracy"])
 
 
 def assert_gan_untouched(exp, before):

@@ -1,8 +1,8 @@
 """Training one node's GAN: phase 1 (standard, FID early stopping), phase 2 (privacy loss) and its control.
 
-Phase 1 trains without L_PP; its snapshot rule (fedcli/gan/selection.py: by default the lowest
-running median of three consecutive FID checks, stopping after `patience` iterations without a
-lower one) keeps the "standard GAN". Phase 2 fine-tunes from that snapshot with L_G - alpha * L_PP and stops
+Phase 1 trains without L_PP; its snapshot rule (fedcli/gan/selection.py: by default the latest
+snapshot whose FID is within the checks' own noise of the lowest, stopping after `patience`
+iterations without one) keeps the "standard GAN". Phase 2 fine-tunes from that snapshot with L_G - alpha * L_PP and stops
 when FID exceeds `fid_factor` times the kept phase-1 snapshot's FID (or at its iteration cap); its
 generator is the last snapshot whose FID was within the factor. The control generator is phase 2
 again at alpha = 0, as many iterations as the kept snapshot had.
@@ -259,7 +259,7 @@ class PhaseResult:
     iteration: int
     iterations_run: int
     stopped: str  # "cap" (iteration limit), "patience" (phase 1), "fid-factor" (phase 2), "privacy-matched" (control)
-    selection: dict = dataclasses.field(default_factory=dict)  # phase 1: the snapshot rule and its judgement
+    selection: dict = dataclasses.field(default_factory=dict)  # phase 1: the snapshot rule's record
 
 
 class Phases(NamedTuple):
@@ -305,7 +305,7 @@ def private_run(trainer: GanTrainer, log: Callable[[dict], None]) -> Phases:
             row["fid"] = fid_value = trainer.fid()
         log(row)
     released = PhaseResult(copy.deepcopy(trainer.G_ema.state_dict()), fid_value, s.iterations, s.iterations, "cap",
-                           {"select": "last", "judged_fid": None})
+                           {"select": "last"})
     off = PhaseResult(released.generator, fid_value, 0, 0, "dp")
     return Phases(released, off, off, None)
 
