@@ -18,7 +18,7 @@ from fedcli.errors import UserError
 from fedcli.fl import stage
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.strategies import REGISTRY, Registry
-from fedcli.fl.strategies.base import Declaration, option
+from fedcli.fl.strategies.base import ENSEMBLE, LABELS, Declaration, option
 from fedcli.pipeline.runner import federate_key
 from fedcli.report import study
 from fedcli.report.collect import load_experiment
@@ -167,5 +167,6 @@ def test_an_option_name_declared_with_another_meaning_is_refused():
 
 
 def test_no_node_may_take_a_model_key_that_a_strategy_produces():
-    assert {"global", "central", "ensemble"} <= set(REGISTRY.reserved_names())
-    assert set(REGISTRY.reserved_names()) == {d.model_key for d in REGISTRY if d.model_key != "nodes"} | {"ensemble"}
+    assert {"global", "central", "ensemble", "labels"} <= set(REGISTRY.reserved_names())
+    produced = {d.model_key for d in REGISTRY if d.model_key != "nodes"}
+    assert set(REGISTRY.reserved_names()) == produced | {ENSEMBLE, LABELS}
