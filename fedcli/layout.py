@@ -1,4 +1,4 @@
-"""Where each stage's artifacts live inside an experiment folder (see the README's layout).
+"""Where each stage's artifacts live inside an experiment folder (see docs/layout.md).
 
 Every folder a stage writes or replaces comes from here, and each is checked to lie inside the
 experiment folder before it is used: names come from data (node names) and recipes, and a hostile

@@ -1,6 +1,6 @@
 """Finding, checking and decoding image files: the one decoder partition, training and predict share.
 
-Pixel rule (README, "Preparing the real datasets"): a file is first turned upright by its EXIF
+Pixel rule (docs/data.md): a file is first turned upright by its EXIF
 orientation. 8-bit files are then converted by PIL as they are; deeper grayscale files (16-bit PNG/TIFF,
 32-bit integer, float) are scaled to [0, 1] on the dataset's one scale (`pixelscale`, chosen at
 partition and kept in the manifest), then resized as floats and quantised to uint8 once; DICOM files go

@@ -379,7 +379,7 @@ def batchnorm_table(subs: list[SubExperiment], metric: str) -> Built:
                        "node's, while each node trained with its own batches' statistics; FedBN's were estimated "
                        "under each node's weights, which the last average then moved. Just before that average every "
                        "node's model scored within the tolerance of its refreshed score, on the quickstart and on "
-                       "pneumonia (README), so this gap is what the method does on hospitals that differ, not lag; "
+                       "pneumonia (docs/report.md), so this gap is what the method does on hospitals that differ, not lag; "
                        "its refreshed column is test-time adaptation, another method.")
 
 

@@ -61,7 +61,7 @@ class Group:
         missing = [name for name in ENV if name not in os.environ]
         if missing:
             raise UserError(f"--engine distributed needs a rendezvous but {', '.join(missing)} is not set: add "
-                            "--launch local, or start each node with torchrun (see the README)")
+                            "--launch local, or start each node with torchrun (see docs/distributed.md)")
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self.address, self.port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         self.timeout = timeout
