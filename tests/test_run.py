@@ -54,33 +54,27 @@ def recipe(tmp_path: Path, strategies=("feder", "fedavg", "standalone"), extra: 
     return path
 
 
-def statuses(output: str) -> dict[str, str]:
-    """unit -> 'ran' / 'skipped' / 'shared' from the run's lines on stdout (`[<sub>: ]<unit>: <status>`; progress
-    lines go to stderr)."""
+def unit_lines(output: str, words: dict[str, str], shared: tuple[str, str]) -> dict[str, str]:
+    """unit -> its status word, from `[<sub>: ]<unit>: <status>` lines (`words`: status start -> word) and
+    `<unit>: same inputs as <path>, <ending>` lines (`shared`: ending, word)."""
     out = {}
     for line in output.splitlines():
         unit, _, status = line.rpartition(": ")
-        if status.startswith("done in"):
-            out[unit] = "ran"
-        elif status == "up to date, skipped":
-            out[unit] = "skipped"
-        elif status == "shared" or line.endswith(", shared"):
-            out[line.split(": same inputs")[0]] = "shared"
+        if line.endswith(", " + shared[0]):
+            out[line.split(": same inputs")[0]] = shared[1]
+        elif word := next((w for start, w in words.items() if status.startswith(start)), None):
+            out[unit] = word
     return out
+
+
+def statuses(output: str) -> dict[str, str]:
+    """unit -> 'ran' / 'skipped' / 'shared' from the run's lines on stdout (progress lines go to stderr)."""
+    return unit_lines(output, {"done in": "ran", "up to date, skipped": "skipped"}, ("shared", "shared"))
 
 
 def plan(output: str) -> dict[str, str]:
     """unit -> 'run' / 'skip' / 'share' from a dry run's lines."""
-    out = {}
-    for line in output.splitlines():
-        unit, _, status = line.rpartition(": ")
-        if status.startswith("would run"):
-            out[unit] = "run"
-        elif status == "up to date, would be skipped":
-            out[unit] = "skip"
-        elif status.endswith(", would be shared"):
-            out[unit] = "share"
-    return out
+    return unit_lines(output, {"would run": "run", "up to date, would be skipped": "skip"}, ("would be shared", "share"))
 
 
 def files(folder: Path) -> dict[str, bytes]:
