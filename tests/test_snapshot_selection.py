@@ -3,12 +3,15 @@ whose fidelity is below chance or below its control's (fedcli/gan/fidelity.py sh
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
 from fedcli.gan import fidelity
 from fedcli.gan.stage import warn_low_fidelity
 from fedcli.gan.train import TrainSettings, standard_phase
+from fedcli.report import study
 from fedcli.report.tables import gan_table
 
 # A chest X-ray node's phase 1 as issue 31 met it, checked every 25 iterations to 400: the generator
@@ -123,3 +126,11 @@ def test_flagged_buffers_are_named_in_one_warning_line_and_in_the_stage_table(ca
     assert columns["kept 1"] == ["50/250", "50/250"]
     warn_low_fidelity([summary("b", [])])
     assert capsys.readouterr().err == ""
+
+
+def test_the_report_names_flagged_buffers_in_its_gan_table():
+    experiment = types.SimpleNamespace(gans=[summary("a", [fidelity.BELOW_CHANCE]), summary("b", [])],
+                                       run=lambda strategy: None)
+    built = study.gan_summary([experiment])
+    assert list(built.frame["flags"]) == ["below chance 1/1", ""]
+    assert "Flagged released buffers: a (below chance" in built.note
