@@ -15,7 +15,7 @@ from fedcli.config import (AuditConfig, Device, GanConfig, LpipsNet, Metric, Mod
                            PrivacyLoss, PrivacyScale, ReportConfig, Scheme, SelectRule, Source, Task, number_or_keyword,
                            read_recipe, resolve)
 from fedcli.errors import UserError, environment_message
-from fedcli.fl.federate_config import Engine, FederateConfig, Launch, LrSchedule, Weighting
+from fedcli.fl.federate_config import Engine, FederateConfig, Launch, LrSchedule, Optimizer, Weighting
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import check_experiment_folder
 from fedcli.pipeline.shipped import locate, shipped_recipes
@@ -103,9 +103,13 @@ def partition(
                                             "file for medmnist/csv). Not used by digits."),
     scheme: Optional[Scheme] = typer.Option(None, help="How samples become nodes. Default: site-shift for "
                                             "digits, iid for medmnist, source otherwise.", show_default=False),
-    nodes: Optional[int] = typer.Option(None, help="Number of nodes for iid, dirichlet and site-shift "
+    nodes: Optional[int] = typer.Option(None, help="Number of nodes for iid, dirichlet, skew and site-shift "
                                         "\\[default: 3].", show_default=False),
     alpha: float = typer.Option(PartitionConfig.alpha, help="Dirichlet concentration; smaller = stronger label skew."),
+    ks: Optional[float] = typer.Option(None, help="--scheme skew: the mean pairwise label skew the equal-sized nodes "
+                                       "reach within 0.02: the Kolmogorov-Smirnov statistic for two classes, total "
+                                       "variation (KS's value for two classes, independent of class order) for more.",
+                                       show_default=False),
     site: Optional[str] = typer.Option(None, help="Keep one site of a multi-site source before an iid split "
                                        "(e.g. shenzhen)."),
     task: Task = typer.Option(PartitionConfig.task, help="isic2019 only: melanoma (binary, FedER) or multiclass (8)."),
@@ -295,10 +299,19 @@ def federate(
     init_epochs: Optional[int] = typer.Option(None, help="Epochs before round 1 (round 0): each node trains its "
                                               "own model (FedER's M^0), or the common initial model, then averaged "
                                               "(FedAvg, FedProx, FedBN) \\[default: E].", show_default=False),
-    lr: float = typer.Option(FederateConfig.lr, help="Adam learning rate (fresh optimiser every round)."),
-    lr_schedule: LrSchedule = typer.Option(FederateConfig.lr_schedule, help="constant, or cosine: from --lr down "
+    lr: float = typer.Option(FederateConfig.lr, help="Learning rate (a fresh optimiser every round)."),
+    lr_schedule: LrSchedule = typer.Option(FederateConfig.lr_schedule, help="constant; cosine: from --lr down "
                                            "to 0, step by step, over the whole budget (init-epochs + R x E), the "
-                                           "same for every strategy, so the final weights are at rest."),
+                                           "same for every strategy, so the final weights are at rest; step: --lr "
+                                           "times --lr-step-factor every --lr-step-epochs epochs of that budget."),
+    lr_step_epochs: int = typer.Option(FederateConfig.lr_step_epochs, help="--lr-schedule step: epochs between "
+                                       "decays (the generative-replay study: 35)."),
+    lr_step_factor: float = typer.Option(FederateConfig.lr_step_factor, help="--lr-schedule step: the factor of "
+                                         "each decay (the generative-replay study: 0.1)."),
+    optimizer: Optimizer = typer.Option(FederateConfig.optimizer, help="adam (FedER's study), or sgd with "
+                                        "--sgd-momentum (the generative-replay study's)."),
+    sgd_momentum: float = typer.Option(FederateConfig.sgd_momentum, help="--optimizer sgd: momentum."),
+    weight_decay: float = typer.Option(FederateConfig.weight_decay, help="L2 weight decay of either optimiser."),
     batch: int = typer.Option(FederateConfig.batch, help="Real images per mini-batch (FedER adds as many "
                               "buffer images)."),
     node_batch: list[str] = typer.Option([], help="Repeatable NODE=B: a node's own batch size (the study: "
@@ -307,7 +320,8 @@ def federate(
                                         "model by its train-set size (samples) or equally (equal, as FedBN's code "
                                         "and the study)."),
     model: list[str] = typer.Option(list(FederateConfig.model), help="Repeatable. Classifier: cnn (quick), "
-                                    "resnet18 (the study), resnet50, densenet121; NODE=ARCH gives a node its own "
+                                    "resnet18 (the FedER study), resnet34 (the generative-replay study), resnet50, "
+                                    "densenet121; NODE=ARCH gives a node its own "
                                     f"({' and '.join(d.name for d in REGISTRY if d.own_architectures)} only: their "
                                     "models never move)."),
     pretrained: bool = typer.Option(FederateConfig.pretrained, help="Start from ImageNet weights (torch hub "
@@ -595,7 +609,7 @@ def weights_status() -> None:
 @weights_app.command("fetch", epilog="Example: fedcli weights fetch vgg inception")
 def weights_fetch(
     names: Optional[list[str]] = typer.Argument(None, help="Backbones to fetch \\[default: vgg, alex, inception] "
-                                                "(also resnet18, resnet50, densenet121).", show_default=False),
+                                                "(also resnet18, resnet34, resnet50, densenet121).", show_default=False),
 ) -> None:
     """Download backbones into the torch hub cache from the URLs torchvision and torch-fidelity publish
     (sha256-checked), where every stage looks for them. Needs the internet; stages themselves never download."""

@@ -30,7 +30,7 @@ STAGE_TABLES = ("partition", "train_gan", "federate", "audit", "report")
 RECIPE_TABLES = (*STAGE_TABLES, "sweep", "select")  # the last two: `fedcli run` only
 
 Source = Literal["digits", "tuberculosis", "isic2019", "medmnist", "folders", "csv"]
-Scheme = Literal["source", "iid", "dirichlet", "site-shift"]
+Scheme = Literal["source", "iid", "dirichlet", "site-shift", "skew"]
 Task = Literal["melanoma", "multiclass"]
 
 MAX_COUNT = 10**6  # iterations, steps, rounds, epochs, images: beyond any study run, below a typo's 1e20
@@ -75,6 +75,16 @@ class Range:
         return f"lie in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
 
 
+# Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
+# fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
+UNCHANGED_AT = {"ks": None, "optimizer": "adam", "weight_decay": 0.0}
+
+
+def settled(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` less the options that are at the value every run had before they existed (UNCHANGED_AT)."""
+    return {k: v for k, v in values.items() if not (k in UNCHANGED_AT and v == UNCHANGED_AT[k])}
+
+
 def ranged(default: Any, low: float, high: float, **bounds: Any) -> Any:
     """A config field with its accepted range (see Range), kept in the field's metadata."""
     return dataclasses.field(default=default, metadata={"range": Range(low, high, **bounds)})
@@ -99,6 +109,7 @@ class PartitionConfig:
     scheme: Scheme | None = None
     nodes: int | None = ranged(None, 2, MAX_COUNT)
     alpha: float = ranged(0.5, 0, 1000, low_open=True)
+    ks: float | None = ranged(None, 0, 1)
     site: str | None = None
     task: Task = "melanoma"
     positive_class: str | None = None  # a binary task's finding; default: the source's second class
@@ -127,6 +138,9 @@ class PartitionConfig:
             raise UserError("--nodes does not apply to --scheme source (one node per site); drop it")
         if self.scheme == "source" and self.site is not None:
             raise UserError("--site keeps one site, so --scheme source would give one node; use --scheme iid")
+        if (self.scheme == "skew") != (self.ks is not None):
+            raise UserError("--scheme skew needs --ks K (the mean pairwise label skew to reach)" if self.ks is None
+                            else "--ks applies only to --scheme skew; drop it or add --scheme skew")
         if self.bit_depth != "auto":
             if isinstance(self.bit_depth, bool) or self.bit_depth not in BIT_DEPTHS:
                 raise UserError(f"--bit-depth must be auto or one of {', '.join(map(str, BIT_DEPTHS))}, "
@@ -243,7 +257,7 @@ PrivacyScale = Literal["absolute", "relative"]
 SelectRule = Literal["stable", "last"]  # phase 1's snapshot rule, fedcli/gan/selection.py
 LpipsNet = Literal["vgg", "alex"]
 Device = Literal["auto", "cpu", "cuda"]
-ModelName = Literal["cnn", "resnet18", "resnet50", "densenet121"]
+ModelName = Literal["cnn", "resnet18", "resnet34", "resnet50", "densenet121"]
 Auto = Literal["auto"]
 Off = Literal["off"]
 

@@ -44,6 +44,7 @@ BACKBONES = {b.name: b for b in (
     *(Backbone(name, f"classifier, --model {name} --pretrained", weights, filename,
                "--pretrained refused; random initialisation")
       for name, weights, filename in (("resnet18", "ResNet18_Weights.IMAGENET1K_V1", "resnet18-f37072fd.pth"),
+                                      ("resnet34", "ResNet34_Weights.IMAGENET1K_V1", "resnet34-b627a593.pth"),
                                       ("resnet50", "ResNet50_Weights.IMAGENET1K_V2", "resnet50-11ad3fa6.pth"),
                                       ("densenet121", "DenseNet121_Weights.IMAGENET1K_V1",
                                        "densenet121-a639ec97.pth"))),

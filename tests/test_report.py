@@ -867,3 +867,30 @@ def test_the_paired_table_differences_strategies_on_the_same_resamples_of_each_t
         lo, hi = np.percentile(d[1:][np.isfinite(d[1:])], [2.5, 97.5])
         assert frame.loc["scaffold", column] == f"{d[0]:+.3f} [{lo:+.3f}, {hi:+.3f}]", column
     assert list(frame.index) == ["scaffold"] and frame.loc["scaffold", "seeds"] == 1
+
+
+def test_the_label_skew_table_and_figure_give_each_method_per_skew_level_over_seeds(tmp_path):
+    """Two KS levels, two seeds each: cwt's shared model and fedavg's, mean over nodes, then over seeds."""
+    scores = {(0.0, 0): (0.9, 0.7), (0.0, 1): (0.8, 0.6), (0.6, 0): (0.5, 0.7), (0.6, 1): (0.3, 0.5)}
+    for (ks, seed), (cwt, fedavg) in scores.items():
+        sub = tmp_path / "runs" / f"ks={ks}_seed={seed}"
+        write_point(sub, ("partition", "ks", ks), ("partition", "seed", seed))
+        write_manifest(sub, seed)
+        manifest = json.loads((sub / "partition" / "manifest.json").read_text())
+        manifest |= {"ks": ks, "statistics": {"label_skew_js": 0.1, "label_skew_ks": ks + 0.01,
+                                              "label_skew_tv": ks + 0.01}}
+        write_json(sub / "partition" / "manifest.json", manifest)
+        write_run(sub / "federate" / "cwt", "cwt", shared("global", {"n0": cwt, "n1": cwt}))
+        write_run(sub / "federate" / "fedavg", "fedavg", shared("global", {"n0": fedavg - 0.1, "n1": fedavg + 0.1}))
+    subs = load_experiment(tmp_path)
+    table = study.skew_table(subs, "accuracy")
+    assert list(table.frame.index) == ["KS 0", "KS 0.6"] and list(table.frame.columns) == ["reached", "cwt", "fedavg"]
+    assert table.frame.loc["KS 0.6", "cwt"].mean == pytest.approx(0.4)
+    assert table.frame.loc["KS 0.6", "cwt"].std == pytest.approx(stdev([0.5, 0.3]))
+    assert table.frame.loc["KS 0", "fedavg"].mean == pytest.approx(0.65)
+    assert table.frame.loc["KS 0.6", "reached"].mean == pytest.approx(0.61)
+    assert figures.skew_figure(subs, "accuracy", tmp_path / "k.png")
+    assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
+    one_level = [s for s in subs if s.manifest["ks"] == 0.0]
+    assert isinstance(study.skew_table(one_level, "accuracy"), study.Missing)
+    assert not figures.skew_figure(one_level, "accuracy", tmp_path / "none.png")

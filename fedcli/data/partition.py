@@ -50,6 +50,8 @@ def build_nodes(cfg: PartitionConfig, source: SourceData, scheme: str, samples: 
         draws = [schemes.by_site(samples)]
     elif scheme in ("iid", "site-shift"):
         draws = [schemes.iid(samples, cfg.nodes, cfg.seed)]
+    elif scheme == "skew":
+        draws = [schemes.skew(samples, cfg.nodes, cfg.ks, cfg.seed)]
     else:
         draws = (schemes.dirichlet(samples, cfg.nodes, cfg.alpha, cfg.seed, a) for a in range(DIRICHLET_DRAWS))
     error: NodeError | None = None
@@ -58,6 +60,9 @@ def build_nodes(cfg: PartitionConfig, source: SourceData, scheme: str, samples: 
             return [node_entry(cfg, scheme, i, name, members, names) for i, (name, members) in enumerate(assignment)]
         except NodeError as exc:
             error = exc
+    if scheme == "skew":
+        raise UserError(f"--ks {cfg.ks} leaves a node that cannot be tested (each node needs two classes with two or "
+                        "more images); lower --ks or use fewer --nodes") from error
     raise UserError(f"{error} (every one of {DIRICHLET_DRAWS} Dirichlet draws with --alpha {cfg.alpha} "
                     f"left such a node)") if scheme == "dirichlet" else error
 
@@ -103,6 +108,7 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
         "test_fraction": cfg.test_fraction,
         "folds": cfg.folds,
         "alpha": cfg.alpha if scheme == "dirichlet" else None,
+        **({"ks": cfg.ks} if scheme == "skew" else {}),
         "dropped": source.dropped,
         "nodes": nodes,
         "positive_class": positive_class(cfg, source.label_names),
@@ -111,7 +117,18 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
     data["content_hash"] = content_hash(data)
     manifest = Manifest(data)
     data["statistics"] = skew_statistics(manifest)
+    check_skew_reached(cfg, data["statistics"])
     return manifest, cfg
+
+
+SKEW_TOLERANCE = 0.02
+
+
+def check_skew_reached(cfg: PartitionConfig, statistics: dict) -> None:
+    """Nodes are counted in patient groups; groups of several images can move the reached skew off target."""
+    if cfg.scheme == "skew" and abs(statistics["label_skew_tv"] - cfg.ks) > SKEW_TOLERANCE:
+        raise UserError(f"--ks {cfg.ks}: the nodes' groups reach {statistics['label_skew_tv']:.3f}, not within "
+                        f"{SKEW_TOLERANCE} of it; use fewer --nodes or more data")
 
 
 def positive_class(cfg: PartitionConfig, names: list[str]) -> str | None:

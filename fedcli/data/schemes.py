@@ -5,6 +5,8 @@
 - dirichlet: label skew; each class is spread over the nodes in proportions drawn from
   Dirichlet(alpha), the standard federated-learning benchmark (small alpha = strong skew).
 - site-shift: iid, plus a simulated scanner per node (see `acquisition`).
+- skew: equal-sized nodes at a requested mean pairwise label skew (`target_skew`), the
+  generative-replay study's splits measured by the Kolmogorov-Smirnov statistic.
 All are group-aware: a patient's or lesion's images go to one node.
 """
 
@@ -72,5 +74,23 @@ def dirichlet(samples: list[Sample], n: int, alpha: float, seed: int, attempt: i
         cuts = (np.cumsum(shares)[:-1] * len(members)).astype(int)
         for node, part in enumerate(np.split(members, cuts)):
             owner[part] = node
+    return [(name, [s for k in np.flatnonzero(owner == i) for s in groups[keys[k]]])
+            for i, name in enumerate(node_names(n))]
+
+
+def skew(samples: list[Sample], n: int, target: float, seed: int) -> list[tuple[str, list[Sample]]]:
+    """Equal-sized nodes at mean pairwise label skew `target` (KS for two classes, total variation for
+    more), counted in groups by their majority label; which groups of a class go where is keyed by seed."""
+    from fedcli.data.target_skew import skewed_counts
+
+    keys, groups, labels = group_labels(samples)
+    if n > len(keys):
+        raise UserError(f"--nodes {n} is more than the {len(keys)} samples (or patient groups); lower --nodes")
+    classes = np.unique(labels)
+    counts = skewed_counts(np.array([(labels == c).sum() for c in classes]), n, target)
+    owner = np.empty(len(keys), dtype=int)
+    for j, c in enumerate(classes):
+        members = numpy_stream(seed, "skew", int(c)).permutation(np.flatnonzero(labels == c))
+        owner[members] = np.repeat(np.arange(n), counts[:, j])
     return [(name, [s for k in np.flatnonzero(owner == i) for s in groups[keys[k]]])
             for i, name in enumerate(node_names(n))]

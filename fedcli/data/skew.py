@@ -29,3 +29,10 @@ def mean_pairwise_ks(dists: np.ndarray) -> float:
     cdfs = np.cumsum(dists, axis=1)
     pairs = list(combinations(range(len(dists)), 2))
     return float(np.mean([np.abs(cdfs[a] - cdfs[b]).max() for a, b in pairs])) if pairs else 0.0
+
+
+def mean_pairwise_tv(dists: np.ndarray) -> float:
+    """Mean total variation distance (half the L1 gap) over node pairs: independent of the order of nominal
+    classes, and equal to the KS statistic for two classes."""
+    pairs = list(combinations(range(len(dists)), 2))
+    return float(np.mean([0.5 * np.abs(dists[a] - dists[b]).sum() for a, b in pairs])) if pairs else 0.0

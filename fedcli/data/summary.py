@@ -10,7 +10,7 @@ import pandas as pd
 
 from fedcli.data import acquisition
 from fedcli.data.manifest import Manifest
-from fedcli.data.skew import label_distributions, mean_pairwise_js, mean_pairwise_ks
+from fedcli.data.skew import label_distributions, mean_pairwise_js, mean_pairwise_ks, mean_pairwise_tv
 from fedcli.plotting import pyplot
 
 
@@ -32,11 +32,12 @@ def summary_frame(manifest: Manifest) -> pd.DataFrame:
 
 
 def skew_statistics(manifest: Manifest) -> dict[str, float | None]:
-    """Label skew across nodes: mean pairwise JS distance; KS statistic for binary tasks."""
+    """Label skew across nodes: mean pairwise JS and total variation distances; KS statistic for binary
+    tasks (equal to total variation there)."""
     n_classes = manifest.num_classes
     counts = np.stack([class_counts(n["train"] + n["test"], n_classes) for n in manifest["nodes"]])
     dists = label_distributions(counts)
-    return {"label_skew_js": round(mean_pairwise_js(dists), 6),
+    return {"label_skew_js": round(mean_pairwise_js(dists), 6), "label_skew_tv": round(mean_pairwise_tv(dists), 6),
             "label_skew_ks": round(mean_pairwise_ks(dists), 6) if n_classes == 2 else None}
 
 
@@ -63,6 +64,8 @@ def partition_table(manifest: Manifest):
     caption = f"label skew: mean pairwise Jensen-Shannon distance {stats['label_skew_js']:.3f}"
     if stats.get("label_skew_ks") is not None:
         caption += f", Kolmogorov-Smirnov {stats['label_skew_ks']:.3f}"
+    elif stats.get("label_skew_tv") is not None:  # manifests before the skew scheme have none
+        caption += f", total variation {stats['label_skew_tv']:.3f}"
     table = Table(title=f"partition: {manifest['source']}, scheme {manifest['scheme']}, seed {manifest['seed']}",
                   caption=caption)
     for column in ("node", "site", "scanner", "train", "test", "test %", "test/class", "classes"):

@@ -72,7 +72,9 @@ def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, device: str = "
     buffers = buffers or {}
     data = NodeData(manifest, lambda node: buffers[node], fold, images)
     budget = Budget(epochs=cfg.epochs, init_epochs=cfg.init_epochs_resolved, rounds=cfg.rounds, lr=cfg.lr,
-                    batch=cfg.batch, node_batch=cfg.batch_sizes(), lr_schedule=cfg.lr_schedule)
+                    batch=cfg.batch, node_batch=cfg.batch_sizes(), lr_schedule=cfg.lr_schedule,
+                    lr_step_epochs=cfg.lr_step_epochs, lr_step_factor=cfg.lr_step_factor, optimizer=cfg.optimizer,
+                    sgd_momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay)
     trainer = LocalTrainer(data, budget, seed, device, cfg.model, cfg.pretrained, cfg.model_weights)
     transport = transport or InProcessTransport()
     local_nodes = list(data.nodes if local_nodes is None else local_nodes)

@@ -20,7 +20,8 @@ from fedcli.fl.strategies import REGISTRY
 
 Engine = Literal["inprocess", "distributed"]
 Launch = Literal["none", "local"]
-LrSchedule = Literal["constant", "cosine"]  # cosine: from lr to 0 over init-epochs + R x E (fl/local.py)
+LrSchedule = Literal["constant", "cosine", "step"]  # over init-epochs + R x E epochs (fl/local.py)
+Optimizer = Literal["adam", "sgd"]
 Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
 ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
 SHARED_SELECT_KEYS = ("rounds", "epochs", "lr")  # what a [select] grid may vary for every strategy
@@ -38,6 +39,11 @@ class SharedOptions:
     init_epochs: int | None = ranged(None, 0, MAX_COUNT)  # default: epochs
     lr: float = ranged(1e-3, 0, 1, low_open=True)
     lr_schedule: LrSchedule = "constant"
+    lr_step_epochs: int = ranged(35, 1, MAX_COUNT)  # step: lr x factor every this many epochs of the budget
+    lr_step_factor: float = ranged(0.1, 0, 1, low_open=True)
+    optimizer: Optimizer = "adam"
+    sgd_momentum: float = ranged(0.9, 0, 1, high_open=True)
+    weight_decay: float = ranged(0.0, 0, 1)
     batch: int = ranged(32, 1, MAX_BATCH)
     node_batch: tuple[str, ...] = ()  # NODE=B overrides, e.g. montgomery=8 (the study's per-node sizes)
     weighting: Weighting = "samples"
@@ -126,6 +132,13 @@ def option_field(field: dataclasses.Field) -> tuple[str, Any, dataclasses.Field]
 FederateConfig = dataclasses.make_dataclass(
     "FederateConfig", [option_field(f) for f in REGISTRY.options().values()], bases=(SharedOptions,), frozen=True,
     namespace={"__doc__": SharedOptions.__doc__, "__module__": __name__})
+
+
+def inapplicable(values: dict[str, Any]) -> set[str]:
+    """Shared options (of a run's resolved values) that its other choices leave unused (SGD's momentum under
+    Adam, the step schedule's settings under another schedule): they change no result, so no fingerprint."""
+    unused = set() if values.get("optimizer") == "sgd" else {"sgd_momentum"}
+    return unused | (set() if values.get("lr_schedule") == "step" else {"lr_step_epochs", "lr_step_factor"})
 
 
 def resolved_options(cfg: FederateConfig, strategy: str) -> dict[str, Any]:

@@ -4,8 +4,10 @@ epochs over a primary source, optionally replaying a buffer) and an objective (f
 With replay, each mini-batch concatenates b primary and b replay images in one forward pass
 (BatchNorm sees both); the replay source is cycled without replacement, so an epoch has as many
 steps as without replay. A fresh Adam each call: optimiser moments never travel.
-The learning rate is constant, or follows a cosine from lr to 0 over the run's whole budget, of which
-one call trains the span `LocalSettings.span` (fractions of the budget at its first and after its last step).
+The optimiser is a fresh Adam or SGD (momentum, weight decay) each call. The learning rate is constant,
+follows a cosine from lr to 0 over the run's whole budget, or is multiplied by a factor every so many epochs
+of it (step); one call trains the span `LocalSettings.span` of the budget (fractions at its first and after
+its last step), so every schedule stands where the run stands, whichever strategy or node trains.
 """
 
 from __future__ import annotations
@@ -45,17 +47,28 @@ class LocalSettings:
     augment: tuple[str, ...] = ()
     schedule: str = "constant"
     span: tuple[float, float] = (0.0, 1.0)
+    budget_epochs: int = 1  # the run's init-epochs + R x E, which the span is a fraction of
+    step_epochs: int = 35  # step schedule: lr x step_factor every step_epochs epochs of the budget
+    step_factor: float = 0.1
+    optimizer_name: str = "adam"
+    momentum: float = 0.9  # SGD's
+    weight_decay: float = 0.0
 
     def lr_at(self, step: int, steps: int) -> float:
         """The learning rate of optimiser step `step` of this call's `steps`."""
         if self.schedule == "constant":
             return self.lr
         start, end = self.span
-        return self.lr * 0.5 * (1 + math.cos(math.pi * (start + (end - start) * step / steps)))
+        done = start + (end - start) * step / steps  # of the budget, before this step
+        if self.schedule == "step":
+            return self.lr * self.step_factor ** math.floor(done * self.budget_epochs / self.step_epochs + 1e-9)
+        return self.lr * 0.5 * (1 + math.cos(math.pi * done))
 
     def optimizer(self, parameters) -> torch.optim.Optimizer:
         """A fresh optimiser for one call (moments never travel); its rate is set step by step."""
-        return torch.optim.Adam(parameters, lr=self.lr)
+        if self.optimizer_name == "sgd":
+            return torch.optim.SGD(parameters, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        return torch.optim.Adam(parameters, lr=self.lr, weight_decay=self.weight_decay)
 
     def lr_sum(self, steps: int) -> float:
         """The sum of the learning rates of a call's `steps` optimiser steps (Scaffold's option II)."""

@@ -14,12 +14,14 @@ from fedcli import console, events
 from fedcli.artifact_kinds import record_files
 from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, staged_output, write_csv, \
     write_json
+from fedcli.config import settled
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 from fedcli.errors import UserError
 from fedcli.fl.batchnorm_check import COLUMNS as BN_COLUMNS, DIAGNOSTIC
 from fedcli.fl.checkpoint import Checkpoint
-from fedcli.fl.federate_config import ENGINE_OPTIONS, FederateConfig, resolved_options, without_strategy_options
+from fedcli.fl.federate_config import (ENGINE_OPTIONS, FederateConfig, inapplicable, resolved_options,
+                                      without_strategy_options)
 from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.transport import Transfer
 from fedcli.replay.buffer import load_buffer_file
@@ -124,7 +126,8 @@ def strategy_config(cfg: FederateConfig, manifest: Manifest, name: str, fold: in
 def computed(resolved: dict) -> dict:
     """What decides a run's numbers: the resolved options less where the experiment lies and how the
     run executes (engine, threads), so a moved experiment, or the other engine, resumes a checkpoint."""
-    return {k: v for k, v in resolved.items() if k not in ENGINE_OPTIONS and k != "exp"}
+    left_out = {*ENGINE_OPTIONS, "exp", *inapplicable(resolved)}
+    return settled({k: v for k, v in resolved.items() if k not in left_out})
 
 
 def run_label(name: str, fold: int | None) -> str:

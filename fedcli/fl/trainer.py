@@ -33,11 +33,20 @@ class Budget:
     batch: int
     node_batch: dict[str, int] = dataclasses.field(default_factory=dict)
     lr_schedule: str = "constant"
+    lr_step_epochs: int = 35
+    lr_step_factor: float = 0.1
+    optimizer: str = "adam"
+    sgd_momentum: float = 0.9
+    weight_decay: float = 0.0
+
+    @property
+    def total_epochs(self) -> int:
+        return self.init_epochs + self.rounds * self.epochs
 
     def span(self, round_: int, epochs: int) -> tuple[float, float]:
         """The fractions of the run's epochs (round 0's init-epochs, then R x E) done before and after
         `epochs` epochs of round `round_`: where a learning-rate schedule stands."""
-        total = self.init_epochs + self.rounds * self.epochs
+        total = self.total_epochs
         start = 0 if round_ == 0 else self.init_epochs + (round_ - 1) * self.epochs
         return start / total, (start + epochs) / total
 
@@ -78,8 +87,12 @@ class LocalTrainer:
         return model
 
     def settings(self, key: str, round_: int, epochs: int) -> LocalSettings:
-        return LocalSettings(epochs=epochs, lr=self.budget.lr, batch=self.batch_of(key), augment=self.data.augment,
-                             schedule=self.budget.lr_schedule, span=self.budget.span(round_, epochs))
+        budget = self.budget
+        return LocalSettings(epochs=epochs, lr=budget.lr, batch=self.batch_of(key), augment=self.data.augment,
+                             schedule=budget.lr_schedule, span=budget.span(round_, epochs),
+                             budget_epochs=budget.total_epochs, step_epochs=budget.lr_step_epochs,
+                             step_factor=budget.lr_step_factor, optimizer_name=budget.optimizer,
+                             momentum=budget.sgd_momentum, weight_decay=budget.weight_decay)
 
     def train(self, model: nn.Module, key: str, round_: int, primary: TensorSource, replay: TensorSource | None,
               epochs: int, objective: Objective | None = None, compose: Compose = Batches) -> int:

@@ -65,6 +65,11 @@ class Transport(abc.ABC):
         """Every node's model payloads (by model key), given this process's: cross-evaluation."""
 
     @abc.abstractmethod
+    def publish(self, round_: int, holder: str, payload: bytes | None) -> bytes:
+        """`holder`'s model payload on every node, to be tested there (given where `holder` is local,
+        None elsewhere): a model that one node holds and every test set needs."""
+
+    @abc.abstractmethod
     def gather(self, record, what: str) -> list:
         """One JSON-able record from each process, in rank order (metadata only, never tensors); also
         a barrier. `what` names the exchange in an error."""
@@ -99,6 +104,9 @@ class InProcessTransport(Transport):
 
     def share(self, round_: int, payloads: dict[str, bytes]) -> dict[str, bytes]:
         return dict(payloads)  # every model already lives here
+
+    def publish(self, round_: int, holder: str, payload: bytes | None) -> bytes:
+        return payload  # every test set already lives here
 
     def gather(self, record, what: str) -> list:
         return [record]

@@ -1,5 +1,5 @@
-"""Classifier factory: a small CNN with BatchNorm for quick runs, and torchvision's ResNet-18 (the
-study's), ResNet-50 and DenseNet-121.
+"""Classifier factory: a small CNN with BatchNorm for quick runs, and torchvision's ResNet-18 (the FedER
+study's), ResNet-34 (the generative-replay study's), ResNet-50 and DenseNet-121.
 
 Grayscale input is handled by giving the first convolution one input channel (with ImageNet
 weights, the RGB filters are summed, which is what they compute on a gray image repeated to RGB).
@@ -17,7 +17,7 @@ from torch import nn
 from fedcli.errors import UserError
 from fedcli.weights import BACKBONES, hub_checkpoint, load_state
 
-MODELS = ("cnn", "resnet18", "resnet50", "densenet121")
+MODELS = ("cnn", "resnet18", "resnet34", "resnet50", "densenet121")
 HUB_FILES = {name: BACKBONES[name].filename for name in MODELS[1:]}
 
 
@@ -79,7 +79,7 @@ def build_classifier(name: str, in_channels: int, num_classes: int, init_seed: i
         torch.manual_seed(init_seed)
         if name == "cnn":
             if pretrained:
-                raise UserError("--pretrained needs a torchvision model (resnet18, resnet50, densenet121)")
+                raise UserError(f"--pretrained needs a torchvision model ({', '.join(MODELS[1:])})")
             return SmallCNN(in_channels, num_classes)
         return torchvision_model(name, in_channels, num_classes, pretrained, weights)
 

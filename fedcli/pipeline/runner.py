@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from fedcli import console
-from fedcli.config import LOWER_IS_BETTER, METRIC_COLUMNS, to_json
+from fedcli.config import LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
 from fedcli.data.manifest import Manifest
-from fedcli.fl.federate_config import FederateConfig, resolved_options
+from fedcli.fl.federate_config import FederateConfig, inapplicable, resolved_options
 from fedcli.fl.strategies import REGISTRY
 from fedcli.locking import locked
 from fedcli.pipeline.ledger import Ledger, fingerprint
@@ -224,15 +224,16 @@ def adopt(target: Path, rel: str, unit: str, fp: str) -> bool:
 
 def plain(cfg) -> dict[str, Any]:
     """What a unit's fingerprint holds of its config: all but where it runs and how fast (threads)."""
-    return {k: v for k, v in to_json(cfg).items() if k not in NOT_FINGERPRINTED}
+    return settled({k: v for k, v in to_json(cfg).items() if k not in NOT_FINGERPRINTED})
 
 
 def federate_key(cfg: FederateConfig) -> dict[str, Any]:
     """The options that can change one strategy's result: the shared ones and those the strategy declares,
     resolved (so an option only other strategies declare, or its default given explicitly, changes nothing)."""
     (strategy,) = cfg.strategy
-    options = REGISTRY.options()
-    return {k: v for k, v in plain(cfg).items() if k not in options} | resolved_options(cfg, strategy)
+    shared = plain(cfg)
+    left_out = REGISTRY.options().keys() | inapplicable(shared)
+    return {k: v for k, v in shared.items() if k not in left_out} | resolved_options(cfg, strategy)
 
 
 def validation_score(folder: Path, folds: int, metric: str) -> float:

@@ -194,6 +194,15 @@ def by_dp_setting(subs: list[SubExperiment]) -> dict[float | None, list[SubExper
     return dict(sorted(groups.items(), key=lambda kv: (2, 0) if kv[0] is None else (int(math.isinf(kv[0])), kv[0])))
 
 
+def by_skew(subs: list[SubExperiment]) -> dict[float, list[SubExperiment]]:
+    """Sub-experiments by the label skew their partition was asked for (`--scheme skew --ks`), in order."""
+    groups: dict[float, list[SubExperiment]] = {}
+    for sub in subs:
+        if sub.manifest and sub.manifest.get("ks") is not None:
+            groups.setdefault(sub.manifest["ks"], []).append(sub)
+    return dict(sorted(groups.items()))
+
+
 def dp_label(epsilon: float | None) -> str:
     return "no DP" if epsilon is None else f"epsilon {epsilon:g}"
 

@@ -1,4 +1,5 @@
-"""The report's own figures: the metric per round per strategy, and scalability (the study's Fig. 2)."""
+"""The report's own figures: the metric per round per strategy, scalability (the FedER study's Fig. 2) and
+the metric against label skew (the generative-replay study's)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcli.plotting import pyplot
-from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, dp_label, own_rows, own_scores
+from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, by_skew, dp_label, own_rows, own_scores
 
 
 def save(fig, path: Path) -> None:
@@ -48,32 +49,49 @@ def rounds_figure(subs: list[SubExperiment], metric: str, path: Path, title: str
     return True
 
 
-def scalability_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
-    """Final mean node performance against the number of nodes, per strategy (needs >= 2 node counts)."""
-    plt = pyplot()
-    values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+def final_scores(points, metric: str) -> dict[str, dict[float, list[float]]]:
+    """strategy -> x -> each run's final own-test-set score, mean over nodes, from (x, run) pairs; a run shared
+    between sweep points (a symlink) counts once."""
+    values: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     seen = set()
-    for sub in subs:
-        for run in sub.runs:
-            if run.folder.resolve() in seen:  # shared between sweep points: one measurement
-                continue
+    for x, run in points:
+        if run.folder.resolve() not in seen:
             seen.add(run.folder.resolve())
-            scores = own_scores(run.metrics, metric)
-            values[run.strategy][len(sub.nodes)].append(float(np.mean(list(scores.values()))))
-    if len({n for per in values.values() for n in per}) < 2:
+            values[run.strategy][x].append(float(np.mean(list(own_scores(run.metrics, metric).values()))))
+    return values
+
+
+def strategy_lines(values: dict[str, dict[float, list[float]]], metric: str, path: Path, xlabel: str,
+                   title: str) -> bool:
+    """One line per strategy, mean ± std at each x; drawn only when there are two x values or more."""
+    if len({x for per in values.values() for x in per}) < 2:
         return False
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for strategy, per in values.items():
         xs = sorted(per)
         stats = [Stat.of(per[x]) for x in xs]
         ax.errorbar(xs, [s.mean for s in stats], yerr=[s.std for s in stats], marker="o", capsize=3, label=strategy)
-    ax.set_xlabel("number of nodes")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(f"{metric} (mean over nodes)")
-    ax.set_title("Scalability")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save(fig, path)
     return True
+
+
+def scalability_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
+    """Final mean node performance against the number of nodes, per strategy (needs >= 2 node counts)."""
+    points = ((len(sub.nodes), run) for sub in subs for run in sub.runs)
+    return strategy_lines(final_scores(points, metric), metric, path, "number of nodes", "Scalability")
+
+
+def skew_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
+    """Each method's final mean node score against the partition's label-skew target (the generative-replay
+    study's Fig. 5/7); needs two levels or more."""
+    points = ((ks, run) for ks, reps in by_skew(subs).items() for sub in reps for run in sub.runs)
+    return strategy_lines(final_scores(points, metric), metric, path, "label skew (mean pairwise KS)", "Label skew")
 
 
 def dp_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:

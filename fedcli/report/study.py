@@ -20,7 +20,8 @@ from fedcli.fl.federate_config import select_keys, varies_for
 from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.fl.transport import EVERYONE
-from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, cross_scores, dp_label, own_rows, own_scores
+from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, by_skew, cross_scores, dp_label, own_rows,
+                                   own_scores)
 from fedcli.report.paired import paired_bootstrap_frame
 
 # the table families strategies declare (fl/strategies/): Tables 2, 4 and the paired table, 7, and 3
@@ -110,12 +111,17 @@ def engine_note(subs: list[SubExperiment]) -> str | None:
     runs = {r.strategy: r for s in subs for r in s.runs if r.config.get("engine") == "distributed"}
     if not runs:
         return None
-    moved = [name for name, r in runs.items() if r.comm is not None and (r.comm.kind == "eval").any()]
-    off = [name for name, r in runs.items() if not r.config.get("cross_eval")]
+    sent = [name for name, r in runs.items() if r.comm is not None and (r.comm.kind == "eval").any()]
+    published = [name for name in sent if (d := REGISTRY.get(name)) is not None and d.published]
+    moved = [name for name in sent if name not in published]
+    off = [name for name, r in runs.items() if not r.config.get("cross_eval") and name not in published]
     parts = [f"{', '.join(runs)} ran on the distributed engine (one torch.distributed process per node)."]
     if moved:
         parts.append(f"Cross-evaluation was on for {', '.join(moved)}: every node model was sent to every node to be "
                      "tested (eval traffic in Table 8), which FedER-A otherwise never does.")
+    if published:
+        parts.append(f"The model of {', '.join(published)}, which one node holds after each round, was sent to every "
+                     "other node to be tested there (eval traffic in Table 8).")
     if off:
         parts.append(f"Cross-evaluation was off for {', '.join(off)}: each node tested only the models it holds, so "
                      "these have no node-convergence (Table 3) or ensemble entries.")
@@ -149,9 +155,13 @@ def budget_note(subs: list[SubExperiment]) -> str:
     """How long each strategy trained, in epochs over its training data, and at what learning rate."""
     def describe(config: dict) -> str:
         init, rounds, epochs = (config.get(k) for k in ("init_epochs", "rounds", "epochs"))
-        schedule = "annealed to 0 along a cosine over those epochs" if config.get("lr_schedule") == "cosine" \
-            else "constant"
-        return f"{init} + {rounds} x {epochs} epochs (round 0, then R x E), Adam lr {config.get('lr')} {schedule}"
+        schedule = {"cosine": "annealed to 0 along a cosine over those epochs",
+                    "step": f"times {config.get('lr_step_factor')} every {config.get('lr_step_epochs')} of those "
+                            "epochs"}.get(config.get("lr_schedule"), "constant")
+        optimizer = (f"SGD (momentum {config.get('sgd_momentum')})" if config.get("optimizer") == "sgd" else "Adam")
+        decay = f", weight decay {config['weight_decay']:g}" if config.get("weight_decay") else ""
+        return f"{init} + {rounds} x {epochs} epochs (round 0, then R x E), {optimizer} lr {config.get('lr')} " \
+               f"{schedule}{decay}"
     return by_strategy("Budget", subs, describe)
 
 
@@ -684,6 +694,27 @@ def alpha_table(subs: list[SubExperiment], metric: str) -> Built:
                        "ratio of the privacy generator's projection LPIPS to its alpha-0 control's; fidelity ratio = "
                        "the released buffer's (classifier trained on it / on real images); alpha 0 = a standard GAN",
                        rows_are="alpha")
+
+
+def skew_table(subs: list[SubExperiment], metric: str) -> Built:
+    """The generative-replay study's comparison: each method's score at every label-skew level."""
+    title = "Label skew: performance against the mean pairwise KS"
+    groups = by_skew(subs)
+    if len(groups) < 2:
+        return Missing(title, "partitions at several --scheme skew --ks levels (a [sweep] over partition.ks)")
+    present = {r.strategy for s in subs for r in s.runs}
+    strategies = [name for name in REGISTRY.names() if name in present]
+    rows = {}
+    for ks, reps in groups.items():
+        nodes = nodes_of(reps)
+        rows[f"KS {ks:g}"] = {"reached": Stat.of([s.manifest["statistics"]["label_skew_tv"] for s in reps]),
+                              **{name: performance_cells(distinct(reps, name), name, metric, nodes)["mean"]
+                                 for name in strategies}}
+    return ReportTable("label_skew", title, pd.DataFrame(rows).T,
+                       f"{metric}, mean over nodes of each method's final model on each node's own test set (a "
+                       "shared model on every node's), mean ± std over seeds; reached: the partition's mean pairwise "
+                       "KS (total variation for more than two classes)", lower_is_better=metric in LOWER_IS_BETTER,
+                       rows_are="skew")
 
 
 def dp_table(subs: list[SubExperiment], metric: str) -> Built:

@@ -204,6 +204,15 @@ class Group:
         dist.all_gather(out, data, group=self.bytes_group)
         return [o[:int(s.item())].numpy().tobytes() for o, s in zip(out, sizes)]
 
+    def broadcast_bytes(self, src: int, payload: bytes | None) -> bytes:
+        """Rank `src`'s bytes (given there, None elsewhere) on every rank."""
+        size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64)
+        dist.broadcast(size, src, group=self.bytes_group)
+        data = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload is not None
+                else torch.empty(int(size.item()), dtype=torch.uint8))
+        dist.broadcast(data, src, group=self.bytes_group)
+        return data.numpy().tobytes()
+
     def exchange(self, what: str, record) -> list:
         """Every rank's JSON-able record, in rank order; also a barrier."""
         with self.step(what):

@@ -4,7 +4,7 @@ Models and buffers go point to point (isend/irecv of their safetensors bytes) an
 receipt by the same code as in process; averaging all-reduces each node's weighted parameters in
 fixed point (`transport.fixed_point`), so every rank ends with the same global model, bit for bit
 the in-process one; cross-evaluation all-gathers model
-bytes; small JSON records (sizes, checkpoint rounds, metrics rows) are all-gathered.
+bytes, and a model one node holds is broadcast to be tested everywhere (`publish`); small JSON records (sizes, checkpoint rounds, metrics rows) are all-gathered.
 
 Bytes in `comm.csv`: point-to-point and eval rows are the payloads' lengths; an all-reduce row is
 `transport.all_reduce_bytes`, as the in-process engine records it.
@@ -71,6 +71,14 @@ class TorchTransport(Transport):
         with self.group.step(self._where(round_, "cross-evaluation: all-gather of the models")):
             blobs = self.group.all_gather_bytes(payload)
         return dict(zip(self.group.names, blobs))
+
+    def publish(self, round_: int, holder: str, payload: bytes | None) -> bytes:
+        if payload is not None:
+            for other in self.group.names:
+                if other != holder:
+                    self.record(round_, holder, other, "eval", len(payload))
+        with self.group.step(self._where(round_, f"broadcasting {holder}'s model to test it everywhere")):
+            return self.group.broadcast_bytes(self.rank_of[holder], payload)
 
     def gather(self, record, what: str) -> list:
         return self.group.exchange(f"{self.strategy}: {what}", record)

@@ -61,7 +61,9 @@ class Declaration:
     own_architectures: bool = False  # node models never travel or merge, so --model NODE=ARCH is allowed
     families: tuple[str, ...] = ()  # the report's tables that compare it (report/study.py)
     as_trained_on: str | None = None  # the BatchNorm table's batches, when not the node's real images
-    bn_averaged: str | None = None  # the BatchNorm reading of a strategy that averages the statistics
+    bn_averaged: str | None = None  # the BatchNorm reading where the stored statistics are no single evaluating
+    # node's own (averaged over nodes, or the last visited node's)
+    published: bool = False  # one node holds the shared model after a round; it is broadcast to be tested everywhere
 
     @property
     def distributed(self) -> bool:

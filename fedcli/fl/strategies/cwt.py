@@ -1,0 +1,87 @@
+"""Cyclic weight transfer (CWT; Chang et al. 2018), as the generative-replay study (Qu et al. 2022) runs it:
+one model visits the nodes one after another in a fixed order (the partition's), training at each for
+floor(|D_k| / b) iterations per epoch (full batches only; one batch of all its images at a node smaller
+than b); a round is one cycle. Unlike `cyclic`, where every node's model moves one step along a ring at
+once, only one node trains at a time and the others wait.
+
+Budget: each visit is E epochs (init-epochs in round 0), so every node takes the same epochs as under any
+other strategy, in floor(|D_k|/b) rather than ceil(|D_k|/b) steps each. Round 0 with init-epochs 0 is the
+common initial model, which every node builds alike, so nothing travels for it.
+
+What travels: the model from each node to the next (the last node's to the first at the start of the next
+round). The model after a cycle is then held only by the last node; testing it on every node's test set
+publishes it (the distributed engine's `eval` traffic, as cross-evaluation's), after every round, so that every
+node also checkpoints the same model.
+
+On the distributed engine a node waits for the model while the nodes before it train, up to a whole cycle:
+`--timeout` must exceed one cycle's training, not one node's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from fedcli.fl.local import Batches
+from fedcli.fl.payloads import decode_model, encode_model
+from fedcli.fl.strategies.base import Declaration, Strategy
+
+if TYPE_CHECKING:
+    from fedcli.fl.engine import Federation
+
+KEY = "global"
+
+
+def full_batches(primary, replay, settings, generator) -> Batches:
+    """floor(n / b) full batches per epoch (CWT's iterations per visit); all n images when n < b."""
+    n, b = len(primary), settings.batch
+    return Batches(primary, replay, settings, generator, epoch_size=n // b * b if n >= b else n)
+
+
+class CyclicWeightTransfer(Strategy):
+    name = "cwt"
+
+    def __init__(self, options=None):
+        self.model: nn.Module | None = None
+
+    def setup(self, fed: "Federation", train: bool = True) -> None:
+        self.model = fed.trainer.new_model(KEY)
+        if train and fed.trainer.init_epochs:
+            self.cycle(fed, 0, fed.trainer.init_epochs, handed_over=False)
+
+    def run_round(self, fed: "Federation", round_: int) -> None:
+        trained_before = round_ > 1 or fed.trainer.init_epochs > 0
+        self.cycle(fed, round_, fed.trainer.epochs, handed_over=trained_before)
+
+    def cycle(self, fed: "Federation", round_: int, epochs: int, handed_over: bool) -> None:
+        """One visit per node in order; `handed_over`: the model starts at the last node (trained), else every
+        node holds the common initial model."""
+        order = fed.nodes
+        for i, node in enumerate(order):
+            before = order[i - 1]
+            if handed_over or i > 0:
+                if before in fed.local_nodes:
+                    fed.transport.send(round_, before, node, "model", encode_model(self.model.state_dict()))
+                if node in fed.local_nodes:
+                    state = decode_model(fed.transport.receive(round_, before, node, "model"), self.model.state_dict())
+                    self.model.load_state_dict(state)
+            if node in fed.local_nodes:
+                fed.trainer.train(self.model, node, round_, fed.data.train[node], None, epochs, compose=full_batches)
+        fed.transport.flush()
+        last = order[-1]
+        published = fed.transport.publish(round_, last, encode_model(self.model.state_dict())
+                                          if last in fed.local_nodes else None)
+        self.model.load_state_dict(decode_model(published, self.model.state_dict()))
+
+    def models(self) -> dict[str, nn.Module]:
+        return {KEY: self.model}
+
+
+DECLARED = (
+    Declaration("cwt", 22, "CWT: one model visits the nodes in a fixed order, floor(|D_k|/b) steps per epoch at "
+                "each (Chang et al.)", lambda o: CyclicWeightTransfer(o), model_key=KEY, transfers=("model",),
+                families=("federated",), published=True,
+                bn_averaged="the last node's: the statistics of the node the model visited last, not the evaluating "
+                "node's"),
+)
