@@ -98,7 +98,8 @@ def partition(
     ctx: typer.Context,
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
     source: Source = typer.Option(PartitionConfig.source, help="Dataset reader: digits (built in, offline), tuberculosis, "
-                                  "isic2019, medmnist, folders, csv."),
+                                  "isic2019, medmnist, folders, csv, retinopathy (Kaggle DR, the generative-replay "
+                                  "study's binary task)."),
     data_dir: Optional[Path] = typer.Option(None, help="Where the real data lies (a folder; a .npz or .csv "
                                             "file for medmnist/csv). Not used by digits."),
     scheme: Optional[Scheme] = typer.Option(None, help="How samples become nodes. Default: site-shift for "

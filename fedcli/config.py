@@ -29,7 +29,7 @@ from fedcli.layout import check_experiment_folder
 STAGE_TABLES = ("partition", "train_gan", "federate", "audit", "report")
 RECIPE_TABLES = (*STAGE_TABLES, "sweep", "select")  # the last two: `fedcli run` only
 
-Source = Literal["digits", "tuberculosis", "isic2019", "medmnist", "folders", "csv"]
+Source = Literal["digits", "tuberculosis", "isic2019", "medmnist", "folders", "csv", "retinopathy"]
 Scheme = Literal["source", "iid", "dirichlet", "site-shift", "skew"]
 Task = Literal["melanoma", "multiclass"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fedcli.config import PartitionConfig
 from fedcli.data.records import SourceData
-from fedcli.data.sources import digits, folders, isic2019, medmnist, table, tuberculosis
+from fedcli.data.sources import digits, folders, isic2019, medmnist, retinopathy, table, tuberculosis
 
 READERS = {
     "digits": lambda cfg: digits.read(),
@@ -13,6 +13,7 @@ READERS = {
     "medmnist": lambda cfg: medmnist.read(cfg.data_dir),
     "folders": lambda cfg: folders.read(cfg.data_dir),
     "csv": lambda cfg: table.read(cfg.data_dir),
+    "retinopathy": lambda cfg: retinopathy.read(cfg.data_dir),
 }
 
 
