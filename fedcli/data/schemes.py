@@ -43,12 +43,23 @@ def group_labels(samples: list[Sample]) -> tuple[list[str], dict[str, list[Sampl
     return keys, groups, labels
 
 
+def check_node_count(n: int, keys: list[str]) -> None:
+    if n > len(keys):
+        raise UserError(f"--nodes {n} is more than the {len(keys)} samples (or patient groups); lower --nodes")
+
+
+def owned_nodes(owner: np.ndarray, keys: list[str], groups: dict[str, list[Sample]],
+                n: int) -> list[tuple[str, list[Sample]]]:
+    """The nodes' samples from each group's owning node (`owner[k]` for group `keys[k]`)."""
+    return [(name, [s for k in np.flatnonzero(owner == i) for s in groups[keys[k]]])
+            for i, name in enumerate(node_names(n))]
+
+
 def iid(samples: list[Sample], n: int, seed: int) -> list[tuple[str, list[Sample]]]:
     from sklearn.model_selection import StratifiedKFold
 
     keys, groups, labels = group_labels(samples)
-    if n > len(keys):
-        raise UserError(f"--nodes {n} is more than the {len(keys)} samples (or patient groups); lower --nodes")
+    check_node_count(n, keys)
     splitter = StratifiedKFold(n, shuffle=True, random_state=stream_seed(seed, "iid") % 2**32)
     parts = []
     with warnings.catch_warnings():
@@ -64,8 +75,7 @@ def iid(samples: list[Sample], n: int, seed: int) -> list[tuple[str, list[Sample
 def dirichlet(samples: list[Sample], n: int, alpha: float, seed: int, attempt: int) -> list[tuple[str, list[Sample]]]:
     """One draw of the Dirichlet label-skew partition; `attempt` keys a fresh draw."""
     keys, groups, labels = group_labels(samples)
-    if n > len(keys):
-        raise UserError(f"--nodes {n} is more than the {len(keys)} samples (or patient groups); lower --nodes")
+    check_node_count(n, keys)
     rng = numpy_stream(seed, "dirichlet", attempt)
     owner = np.empty(len(keys), dtype=int)
     for c in np.unique(labels):
@@ -74,8 +84,7 @@ def dirichlet(samples: list[Sample], n: int, alpha: float, seed: int, attempt: i
         cuts = (np.cumsum(shares)[:-1] * len(members)).astype(int)
         for node, part in enumerate(np.split(members, cuts)):
             owner[part] = node
-    return [(name, [s for k in np.flatnonzero(owner == i) for s in groups[keys[k]]])
-            for i, name in enumerate(node_names(n))]
+    return owned_nodes(owner, keys, groups, n)
 
 
 def skew(samples: list[Sample], n: int, target: float, seed: int) -> list[tuple[str, list[Sample]]]:
@@ -84,13 +93,11 @@ def skew(samples: list[Sample], n: int, target: float, seed: int) -> list[tuple[
     from fedcli.data.target_skew import skewed_counts
 
     keys, groups, labels = group_labels(samples)
-    if n > len(keys):
-        raise UserError(f"--nodes {n} is more than the {len(keys)} samples (or patient groups); lower --nodes")
+    check_node_count(n, keys)
     classes = np.unique(labels)
     counts = skewed_counts(np.array([(labels == c).sum() for c in classes]), n, target)
     owner = np.empty(len(keys), dtype=int)
     for j, c in enumerate(classes):
         members = numpy_stream(seed, "skew", int(c)).permutation(np.flatnonzero(labels == c))
         owner[members] = np.repeat(np.arange(n), counts[:, j])
-    return [(name, [s for k in np.flatnonzero(owner == i) for s in groups[keys[k]]])
-            for i, name in enumerate(node_names(n))]
+    return owned_nodes(owner, keys, groups, n)

@@ -3,8 +3,9 @@
 Models and buffers go point to point (isend/irecv of their safetensors bytes) and are validated on
 receipt by the same code as in process; averaging all-reduces each node's weighted parameters in
 fixed point (`transport.fixed_point`), so every rank ends with the same global model, bit for bit
-the in-process one; cross-evaluation all-gathers model
-bytes, and a model one node holds is broadcast to be tested everywhere (`publish`); small JSON records (sizes, checkpoint rounds, metrics rows) are all-gathered.
+the in-process one; cross-evaluation all-gathers model bytes, and a model one node holds is
+broadcast to be tested everywhere (`publish`); small JSON records (sizes, checkpoint rounds,
+metrics rows) are all-gathered.
 
 Bytes in `comm.csv`: point-to-point and eval rows are the payloads' lengths; an all-reduce row is
 `transport.all_reduce_bytes`, as the in-process engine records it.

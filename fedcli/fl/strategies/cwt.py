@@ -42,7 +42,7 @@ def full_batches(primary, replay, settings, generator) -> Batches:
 class CyclicWeightTransfer(Strategy):
     name = "cwt"
 
-    def __init__(self, options=None):
+    def __init__(self):
         self.model: nn.Module | None = None
 
     def setup(self, fed: "Federation", train: bool = True) -> None:
@@ -80,7 +80,7 @@ class CyclicWeightTransfer(Strategy):
 
 DECLARED = (
     Declaration("cwt", 22, "CWT: one model visits the nodes in a fixed order, floor(|D_k|/b) steps per epoch at "
-                "each (Chang et al.)", lambda o: CyclicWeightTransfer(o), model_key=KEY, transfers=("model",),
+                "each (Chang et al.)", lambda o: CyclicWeightTransfer(), model_key=KEY, transfers=("model",),
                 families=("federated",), published=True,
                 bn_averaged="the last node's: the statistics of the node the model visited last, not the evaluating "
                 "node's"),
