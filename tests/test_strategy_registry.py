@@ -74,6 +74,8 @@ def another_value(field: dataclasses.Field, annotation) -> object:
     kind = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else annotation
     if kind is bool:
         return not field.default
+    if kind is str:  # an option naming a node
+        return "node1"
     if isinstance(kind, tuple):  # a Literal's values
         return next(v for v in kind if v != field.default)
     bounds = field.metadata["range"]

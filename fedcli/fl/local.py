@@ -148,7 +148,17 @@ class Batches:
                     r = replayer.take(n_primary)  # half and half, also in a short last batch
                     images = torch.cat([images, replay.images[r]])
                     labels = torch.cat([labels, replay.labels[r]])
-                x = to_float(images)
-                if settings.augment:
-                    x = augment_batch(x, settings.augment, generator)
-                yield Batch(x, labels, n_primary)
+                yield Batch(self.prepare(images), labels, n_primary)
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """The network's input from stored images: scaled to [-1, 1], augmented."""
+        x = to_float(images)
+        return augment_batch(x, self.settings.augment, self.generator) if self.settings.augment else x
+
+
+class LatentBatches(Batches):
+    """Batches of stored latents (what an encoder computed once): fed as they are, neither rescaled nor
+    augmented (an image's flip is not a latent's)."""
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        return images

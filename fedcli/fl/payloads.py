@@ -108,3 +108,31 @@ def decode_png(tensors: dict, n: int, shape: tuple[int, int, int]) -> torch.Tens
     if not images:
         return torch.zeros((0, channels, height, width), dtype=torch.uint8)
     return torch.from_numpy(np.stack(images))
+
+
+def encode_features(features: torch.Tensor, labels: torch.Tensor | None = None) -> bytes:
+    """What a cut layer computes (latents, activations) or its gradient: float32 (N, C, H, W), with the
+    int64 labels of its images where the receiver computes the loss. N x C x H x W x 4 bytes (+ 8 N for
+    the labels) and the safetensors header."""
+    tensors = {"features": features.detach().to("cpu", torch.float32)}
+    return tensor_bytes(tensors | ({"labels": labels.detach().cpu()} if labels is not None else {}))
+
+
+def decode_features(data: bytes, what: str, shape: tuple[int, ...], num_classes: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Features of the expected per-image `shape` (and, where `num_classes` is given, one label in range
+    per image), finite: the receiver's check before it computes on them."""
+    tensors, _ = load_payload(data, what)
+    features = tensors.get("features")
+    if features is None or features.dtype != torch.float32 or tuple(features.shape[1:]) != tuple(shape):
+        got = "nothing" if features is None else f"{tuple(features.shape[1:])} {features.dtype}"
+        raise PayloadError(f"received {what} are {got} per image, expected {tuple(shape)} torch.float32")
+    if not torch.isfinite(features).all():
+        raise PayloadError(f"received {what} hold non-finite values")
+    if num_classes is None:
+        return features, None
+    labels = tensors.get("labels")
+    if labels is None or labels.dtype != torch.int64 or labels.shape != features.shape[:1] or \
+            (len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes):
+        raise PayloadError(f"received {what} lack one int64 label in 0..{num_classes - 1} per image")
+    return features, labels

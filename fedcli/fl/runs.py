@@ -75,7 +75,17 @@ def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int
     if cfg.fold is not None and not 0 <= cfg.fold < manifest["folds"]:
         raise UserError(f"--fold {cfg.fold} is not a fold of this partition (0..{manifest['folds'] - 1})")
     folds = list(range(manifest["folds"])) if cfg.cv else [cfg.fold]
+    check_node_options(cfg, manifest.node_names)
     return [(name, fold) for name in cfg.strategy for fold in folds]
+
+
+def check_node_options(cfg: FederateConfig, nodes: list[str]) -> None:
+    """Every option naming a node (a server's or an encoder's rank) names one of the partition's."""
+    for name in cfg.strategy:
+        for field in REGISTRY[name].option_fields():
+            given = getattr(cfg, field.name)
+            if field.metadata.get("node") and given is not None and given not in nodes:
+                raise UserError(f"--{field.name.replace('_', '-')} {given} is not a node; nodes: {', '.join(nodes)}")
 
 
 def run_outputs(cfg: FederateConfig, runs: list[tuple[str, int | None]]) -> list[Path]:
@@ -149,9 +159,11 @@ def record_round(name: str, fold: int | None, rounds: int, end: RoundEnd) -> Non
 
 
 def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],
-                 predictions: dict[str, torch.Tensor], resolved: dict, overwrite: bool) -> None:
+                 predictions: dict[str, torch.Tensor], resolved: dict, overwrite: bool,
+                 shared: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
     """metrics.csv, comm.csv, models/<key>.safetensors, predictions.safetensors (the final models' softmax on
-    their own test sets, with the labels) and config.json, replacing `out` at once."""
+    their own test sets, with the labels), shared/<name>.safetensors (samples of what the strategy sent, kept
+    for an audit) and config.json, replacing `out` at once."""
     metrics = pd.DataFrame(rows)
     with staged_output(out, overwrite=overwrite) as stage:
         write_csv(stage / "metrics.csv", metrics.drop(columns=list(DIAGNOSTIC), errors="ignore"))
@@ -161,10 +173,15 @@ def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states:
         for key, state in states.items():
             save_tensors(stage / "models" / f"{key}.safetensors", {k: v.detach().cpu() for k, v in state.items()})
         save_tensors(stage / PREDICTIONS, predictions)
+        for name, tensors in (shared or {}).items():
+            save_tensors(stage / SHARED / f"{name}.safetensors", tensors)
         meta = provenance("federate", resolved, resolved["seed"], resolved["inputs"]) | {"files": record_files(stage)}
         if resolved["fold"] is not None:
             meta["note"] = cv_note(resolved["fold"])
         write_json(stage / "config.json", meta)
+
+
+SHARED = "shared"
 
 
 def batchnorm_frame(metrics: pd.DataFrame) -> pd.DataFrame:

@@ -35,7 +35,7 @@ from fedcli.fl import engine
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.node_data import NodeImages
 from fedcli.fl.progress import RoundProgress
-from fedcli.fl.runs import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
+from fedcli.fl.runs import SHARED, StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
     planned_runs, record_round, run_label, run_outputs, run_seed, strategy_config, write_output
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir, inside
@@ -171,13 +171,19 @@ class Rank:
             save_tensors(final / "models" / f"{key}.safetensors",
                          {k: v.detach().cpu() for k, v in model.state_dict().items()})
         save_tensors(final / PREDICTIONS, fed.evaluator.own_predictions(strategy.models()))
+        for kept, tensors in strategy.kept().items():
+            save_tensors(final / SHARED / f"{kept}.safetensors", tensors)
         self.group.exchange(f"{run_label(name, fold)}: writing the results", True)  # final models are on disk
         if self.writes_results:
             folders = sorted(work.glob(f"*/{FINAL}")) if self.group.rank == 0 else [final]
             states = {p.stem: load_tensors(p, "final model") for f in folders
                       for p in sorted((f / "models").glob("*.safetensors"))}
             predictions = {k: v for f in folders for k, v in load_tensors(f / PREDICTIONS, "predictions").items()}
-            write_output(out, rows, transfers, states, predictions, resolved, cfg.overwrite or cfg.resume)
+            shared: dict[str, dict] = {}
+            for f in folders:
+                for p in sorted((f / SHARED).glob("*.safetensors")):
+                    shared.setdefault(p.stem, {}).update(load_tensors(p, "shared sample"))
+            write_output(out, rows, transfers, states, predictions, resolved, cfg.overwrite or cfg.resume, shared)
             shutil.rmtree(work if self.group.rank == 0 else work / node, ignore_errors=True)
         return StrategyRun(name, fold, out, rows, fed.nodes)
 

@@ -95,6 +95,11 @@ class Strategy(abc.ABC):
         as-trained batches)."""
         return fed.data.train[node], None
 
+    def kept(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Samples of what the strategy sent, kept for an audit (by artifact name: `shared/<name>.safetensors`),
+        as far as this process holds them; bounded in size."""
+        return {}
+
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         """What a checkpoint holds; a key `<prefix>:<node>` is state only that node holds."""
         return {key: model.state_dict() for key, model in self.models().items()}

@@ -46,7 +46,7 @@ class CyclicWeightTransfer(Strategy):
         self.model: nn.Module | None = None
 
     def setup(self, fed: "Federation", train: bool = True) -> None:
-        self.model = fed.trainer.new_model(KEY)
+        self.build(fed)
         if train and fed.trainer.init_epochs:
             self.cycle(fed, 0, fed.trainer.init_epochs, handed_over=False)
 
@@ -54,25 +54,39 @@ class CyclicWeightTransfer(Strategy):
         trained_before = round_ > 1 or fed.trainer.init_epochs > 0
         self.cycle(fed, round_, fed.trainer.epochs, handed_over=trained_before)
 
+    def build(self, fed: "Federation") -> None:
+        self.model = fed.trainer.new_model(KEY)
+
+    def travelling(self) -> nn.Module:
+        """What passes from node to node."""
+        return self.model
+
     def cycle(self, fed: "Federation", round_: int, epochs: int, handed_over: bool) -> None:
         """One visit per node in order; `handed_over`: the model starts at the last node (trained), else every
-        node holds the common initial model."""
-        order = fed.nodes
+        node holds the common initial model. Then the model is published, to be tested on every node."""
+        order, travelling = fed.nodes, self.travelling()
         for i, node in enumerate(order):
             before = order[i - 1]
             if handed_over or i > 0:
                 if before in fed.local_nodes:
-                    fed.transport.send(round_, before, node, "model", encode_model(self.model.state_dict()))
+                    fed.transport.send(round_, before, node, "model", encode_model(travelling.state_dict()))
                 if node in fed.local_nodes:
-                    state = decode_model(fed.transport.receive(round_, before, node, "model"), self.model.state_dict())
-                    self.model.load_state_dict(state)
-            if node in fed.local_nodes:
-                fed.trainer.train(self.model, node, round_, fed.data.train[node], None, epochs, compose=full_batches)
+                    travelling.load_state_dict(decode_model(fed.transport.receive(round_, before, node, "model"),
+                                                            travelling.state_dict()))
+            self.visit(fed, node, round_, epochs)
         fed.transport.flush()
-        last = order[-1]
-        published = fed.transport.publish(round_, last, encode_model(self.model.state_dict())
-                                          if last in fed.local_nodes else None)
+        holder = self.assemble(fed, round_)
+        published = fed.transport.publish(round_, holder, encode_model(self.model.state_dict())
+                                          if holder in fed.local_nodes else None)
         self.model.load_state_dict(decode_model(published, self.model.state_dict()))
+
+    def visit(self, fed: "Federation", node: str, round_: int, epochs: int) -> None:
+        if node in fed.local_nodes:
+            fed.trainer.train(self.model, node, round_, fed.data.train[node], None, epochs, compose=full_batches)
+
+    def assemble(self, fed: "Federation", round_: int) -> str:
+        """The node that holds the whole model after a cycle and publishes it: the last one visited."""
+        return fed.nodes[-1]
 
     def models(self) -> dict[str, nn.Module]:
         return {KEY: self.model}

@@ -1,0 +1,113 @@
+"""SplitNN in its peer-to-peer mode (Vepakomma et al. 2018), as the generative-replay study (Qu et al. 2022)
+runs it: the network is cut (at the stem by default, the study's conv1); the nodes take turns in a fixed order
+(the partition's), each training the bottom with the server's top batch by batch (fl/split_training.py), then
+passing the bottom's weights to the next node; the top stays at the server. A round is one cycle, as CWT's.
+
+The server is a node (`--server-node`, default the last in the order, which then holds the whole model after a
+cycle): it sees every node's activations and labels. Otherwise the last node sends it the bottom after each
+cycle, only so that the whole model can be tested (an `eval` transfer).
+
+Budget: each turn is E epochs (init-epochs in round 0) of ceil(|D_k|/b) steps, the epochs every node takes
+under any strategy; the server's top takes a step for every node's batch.
+
+What travels: per batch, the activations with their labels (b x C x H x W x 4 + 8 b bytes) up and their
+gradient (b x C x H x W x 4) down; per turn, the bottom's weights to the next node. Kept for an audit
+(`shared/activations.safetensors`): each node's first batch of its last turn, its activations, labels and
+gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedcli.fl.local import Batches, batch_bounds
+from fedcli.fl.payloads import decode_model, encode_model
+from fedcli.fl.split_training import Link, train_split
+from fedcli.fl.strategies.base import Declaration
+from fedcli.fl.strategies.cwt import KEY, CyclicWeightTransfer
+from fedcli.fl.strategies.split_options import Cut, cut, server_node
+from fedcli.models.cuts import cut_shape, split
+from fedcli.rng import torch_stream
+
+if TYPE_CHECKING:
+    from fedcli.fl.engine import Federation
+
+KEPT = "activations"
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitOptions:
+    cut: Cut = cut("stem")
+    server_node: str | None = server_node()
+
+
+class SplitLearning(CyclicWeightTransfer):
+    name = "splitnn"
+
+    def __init__(self, options: SplitOptions):
+        super().__init__()
+        self.options = options
+
+    def build(self, fed: "Federation") -> None:
+        self.model = fed.trainer.new_model(KEY)
+        self.bottom, self.top = split(self.model, fed.trainer.model_name, self.options.cut)
+        self.server = self.options.server_node or fed.nodes[-1]
+        self.shape = cut_shape(self.bottom, fed.data.image_shape)
+        self.sizes = fed.train_sizes()  # every rank, before any turn: the server counts each node's steps
+        self.sample: dict[str, torch.Tensor] = {}
+
+    def travelling(self):
+        return self.bottom
+
+    def visit(self, fed: "Federation", node: str, round_: int, epochs: int) -> None:
+        at_node, at_server = node in fed.local_nodes, self.server in fed.local_nodes
+        if not (at_node or at_server):
+            return
+        settings = fed.trainer.settings(node, round_, epochs)
+        steps = epochs * len(batch_bounds(self.sizes[node], settings.batch))
+        batches = Batches(fed.data.train[node], None, settings, torch_stream(fed.seed, node, round_, "local-train")) \
+            if at_node else None
+        link = Link(fed.transport, round_, node, self.server, self.shape, fed.data.num_classes)
+
+        def keep(step: int, activations: torch.Tensor, labels: torch.Tensor, gradient: torch.Tensor) -> None:
+            if step == 0:
+                self.sample |= {f"{node}/activations": activations.cpu().contiguous(), f"{node}/labels": labels.cpu(),
+                              f"{node}/gradients": gradient.cpu().contiguous()}
+
+        train_split(self.bottom if at_node else None, self.top if at_server else None, batches, steps, settings, link,
+                    fed.trainer.device, on_step=keep)
+
+    def assemble(self, fed: "Federation", round_: int) -> str:
+        """The server, once the last node's bottom has reached it."""
+        last = fed.nodes[-1]
+        if last != self.server:
+            if last in fed.local_nodes:
+                fed.transport.send(round_, last, self.server, "eval", encode_model(self.bottom.state_dict()))
+            if self.server in fed.local_nodes:
+                self.bottom.load_state_dict(decode_model(fed.transport.receive(round_, last, self.server, "eval"),
+                                                         self.bottom.state_dict()))
+            fed.transport.flush()
+        return self.server
+
+    def kept(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {KEPT: dict(self.sample)} if self.sample else {}
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        return super().state() | ({f"{KEPT}:{self.server}": dict(self.sample)} if self.sample else {})
+
+    def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
+        super().load_state(fed, {KEY: states[KEY]})
+        self.sample = dict(states.get(f"{KEPT}:{self.server}", {}))
+
+
+DECLARED = (
+    Declaration("splitnn", 24, "SplitNN, peer to peer: the nodes take turns training the bottom of the cut network "
+                "with the server's top, activations and gradients per batch (Vepakomma et al.)",
+                lambda o: SplitLearning(o), options=SplitOptions, model_key=KEY,
+                transfers=("model", "activations", "gradients"), families=("federated",), published=True,
+                bn_averaged="the last node's below the cut (its bottom's statistics), every node's batches above it "
+                "(the server's top)"),
+)
