@@ -144,6 +144,11 @@ def test_every_strategy_that_runs_on_both_engines_gives_the_in_process_numbers_d
     moved = ", ".join(name for name in DISTRIBUTED if REGISTRY[name].model_key == "nodes")
     report = (exp / "report" / "report.md").read_text()
     assert f"Cross-evaluation was on for {moved}:" in report
+    for name in DISTRIBUTED:  # who saw what a strategy computes from the nodes' images
+        for kind in REGISTRY[name].discloses:
+            receivers = ", ".join(sorted(set(pd.read_csv(exp / "federate" / name / "comm.csv").query("kind == @kind")
+                                             .receiver)))
+            assert f"In {name}, {receivers} received from " in report, name
     published = ", ".join(name for name in DISTRIBUTED if REGISTRY[name].published)
     assert not published or f"The model of {published}, which one node holds after each round," in report
 

@@ -91,7 +91,8 @@ def run(cfg: ReportConfig) -> Report:
         headline = None
         for label, reps in groups.items():
             w.lines += [f"## Federated learning{f' ({label})' if label else ''}", ""]
-            notes = [study.architecture_note(reps), study.budget_note(reps), study.engine_note(reps)]
+            notes = [study.architecture_note(reps), study.budget_note(reps), study.engine_note(reps),
+                     study.disclosure_note(reps)]
             w.lines += [" ".join(note for note in notes if note), ""]
             for builder in GROUP_TABLES:
                 made = w.table(builder(reps, metric), label)

@@ -128,6 +128,24 @@ def engine_note(subs: list[SubExperiment]) -> str | None:
     return " ".join(parts)
 
 
+def disclosure_note(subs: list[SubExperiment]) -> str | None:
+    """Who received what a strategy computes from the nodes' images (latents, activations, the images
+    themselves), read from what travelled."""
+    parts = {}
+    for run in (r for s in subs for r in s.runs):
+        declaration = REGISTRY.get(run.strategy)
+        if declaration is None or not declaration.discloses or run.comm is None:
+            continue
+        for kind, what in declaration.discloses.items():
+            sent = run.comm[run.comm.kind == kind]
+            if len(sent):
+                receivers = ", ".join(sorted(set(sent.receiver)))
+                senders = ", ".join(sorted(set(sent.sender)))
+                parts[(run.strategy, kind)] = (f"In {run.strategy}, {receivers} received from {senders} the {what}: "
+                                               "that rank saw them.")
+    return " ".join(parts.values()) or None
+
+
 def by_strategy(label: str, subs: list[SubExperiment], describe: Callable[[dict], str]) -> str:
     """`label: strategies: description; ...`, strategies whose runs' configs read alike grouped."""
     described = {}

@@ -63,6 +63,8 @@ class Declaration:
     as_trained_on: str | None = None  # the BatchNorm table's batches, when not the node's real images
     bn_averaged: str | None = None  # the BatchNorm reading where the stored statistics are no single evaluating
     # node's own (averaged over nodes, or the last visited node's)
+    discloses: dict[str, str] = dataclasses.field(default_factory=dict)  # transfer kind -> what it carries of
+    # the nodes' images (the report names who received it)
     published: bool = False  # one node holds the shared model after a round; it is broadcast to be tested everywhere
 
     @property

@@ -155,6 +155,7 @@ DECLARED = (
                 "uploads its latents once and the server trains the head on their union (Qu et al.)",
                 lambda o: FedReplay(o), options=ReplayEncoderOptions, model_key=KEY, transfers=("model", LATENTS),
                 families=("federated",), published=True,
+                discloses={LATENTS: "latents of every training image, with labels"},
                 bn_averaged="the encoder node's below the cut (frozen), the union of every node's latents above it "
                 "(the server's head)"),
 )

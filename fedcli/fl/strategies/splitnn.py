@@ -108,6 +108,7 @@ DECLARED = (
                 "with the server's top, activations and gradients per batch (Vepakomma et al.)",
                 lambda o: SplitLearning(o), options=SplitOptions, model_key=KEY,
                 transfers=("model", "activations", "gradients"), families=("federated",), published=True,
+                discloses={"activations": "cut-layer activations of every batch, with labels"},
                 bn_averaged="the last node's below the cut (its bottom's statistics), every node's batches above it "
                 "(the server's top)"),
 )
