@@ -111,6 +111,10 @@ def partition(
                                        "reach within 0.02: the Kolmogorov-Smirnov statistic for two classes, total "
                                        "variation (KS's value for two classes, independent of class order) for more.",
                                        show_default=False),
+    shared_fraction: float = typer.Option(PartitionConfig.shared_fraction, help="Share of all training images set "
+                                          "apart as a class-balanced globally shared set (fedavg-share gives it to "
+                                          "every node; for every strategy those images leave their nodes' training "
+                                          "sets). 0: none."),
     site: Optional[str] = typer.Option(None, help="Keep one site of a multi-site source before an iid split "
                                        "(e.g. shenzhen)."),
     task: Task = typer.Option(PartitionConfig.task, help="isic2019 only: melanoma (binary, FedER) or multiclass (8)."),

@@ -77,7 +77,7 @@ class Range:
 
 # Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
-UNCHANGED_AT = {"ks": None, "optimizer": "adam", "weight_decay": 0.0}
+UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "optimizer": "adam", "weight_decay": 0.0}
 
 
 def settled(values: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +110,7 @@ class PartitionConfig:
     nodes: int | None = ranged(None, 2, MAX_COUNT)
     alpha: float = ranged(0.5, 0, 1000, low_open=True)
     ks: float | None = ranged(None, 0, 1)
+    shared_fraction: float = ranged(0.0, 0, 0.5)
     site: str | None = None
     task: Task = "melanoma"
     positive_class: str | None = None  # a binary task's finding; default: the source's second class

@@ -90,11 +90,12 @@ TINY_GAN = ["--iterations", "12", "--patience", "100", "--pp-iterations", "6", "
             "--buffer-size", "30", "--fidelity-epochs", "1", "--fidelity-seeds", "1"]
 
 
-def tiny_gan_exp(tmp_path_factory, nodes: int, *options: str) -> Path:
-    """A 16x16 digits partition with tiny GANs trained on every node (buffers of 30 images)."""
+def tiny_gan_exp(tmp_path_factory, nodes: int, *options: str, partition: tuple[str, ...] = ()) -> Path:
+    """A 16x16 digits partition with tiny GANs trained on every node (buffers of 30 images); `partition`: more
+    partition options."""
     exp = tmp_path_factory.mktemp("gan") / "exp"
     cli = Cli()
-    cli.ok("partition", "--nodes", str(nodes), "--image-size", "16", "--exp", exp)
+    cli.ok("partition", "--nodes", str(nodes), "--image-size", "16", "--exp", exp, *partition)
     cli.ok("train-gan", "--exp", exp, *TINY_GAN, *options)
     return exp
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import copy_exp
+from conftest import copy_exp, tiny_gan_exp
 from fedcli.artifacts import load_tensors, read_json
 from fedcli.errors import UserError
 from fedcli.fl import stage
@@ -31,8 +31,9 @@ FILES = ("metrics.csv", "bn_statistics.csv", "comm.csv")
 
 
 @pytest.fixture(scope="module")
-def fl_exp(gan3_exp):
-    return gan3_exp
+def fl_exp(tmp_path_factory):
+    """Three nodes with tiny GANs and a globally shared set, so that every strategy has what it reads."""
+    return tiny_gan_exp(tmp_path_factory, 3, partition=("--shared-fraction", "0.05"))
 
 
 @pytest.fixture(scope="module")

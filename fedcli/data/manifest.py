@@ -125,10 +125,11 @@ class Manifest:
         raise UserError(f"no node {name!r} in the partition; valid nodes: {', '.join(self.node_names)}")
 
     def records(self, node: str, split: str, folds: list[int] | None = None) -> list[dict[str, Any]]:
-        """A node's train or test records; `folds` keeps only train records of those folds."""
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be train or test, not {split!r}")
-        records = self.node(node)[split]
+        """A node's train or test records, or its part of the shared set (none without one); `folds` keeps only
+        train records of those folds."""
+        if split not in ("train", "test", "shared"):
+            raise ValueError(f"split must be train, test or shared, not {split!r}")
+        records = self.node(node).get(split, [])
         if folds is not None:
             if split != "train":
                 raise ValueError("folds select from the train split")

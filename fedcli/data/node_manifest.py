@@ -30,7 +30,9 @@ def node_view(data: dict[str, Any], node: str) -> dict[str, Any]:
     view |= {"schema": NODE_SCHEMA, "node": node, "partition_hash": data["content_hash"],
              "nodes": [entry if entry["name"] == node else
                        {"name": entry["name"], "site": entry["site"], "train_count": len(entry["train"]),
-                        "test_count": len(entry["test"])} for entry in data["nodes"]]}
+                        "test_count": len(entry["test"]),
+                        **({"shared_count": len(entry["shared"])} if "shared" in entry else {})}
+                       for entry in data["nodes"]]}
     view["content_hash"] = content_hash(view)
     return view
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.config import PartitionConfig, to_json
-from fedcli.data import acquisition, pixelscale, schemes
+from fedcli.data import acquisition, pixelscale, schemes, shared_set
 from fedcli.data.manifest import SCHEMA, Manifest, content_hash
 from fedcli.data.node_manifest import node_view
 from fedcli.data.records import Sample, SourceData
@@ -89,6 +89,8 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
     if n_nodes is not None and n_nodes > len(samples):
         raise UserError(f"--nodes {n_nodes} is more than the {len(samples)} samples; lower --nodes")
     nodes = build_nodes(cfg, source, scheme, samples)
+    if cfg.shared_fraction:
+        shared_set.set_apart(nodes, cfg.shared_fraction, source.label_names, cfg.seed)
     check_names("node", [node["name"] for node in nodes], f"--source {cfg.source}")
     check_not_reserved([node["name"] for node in nodes], reserved, f"--source {cfg.source}",
                        "rename that site in the data")
@@ -109,6 +111,7 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
         "folds": cfg.folds,
         "alpha": cfg.alpha if scheme == "dirichlet" else None,
         **({"ks": cfg.ks} if scheme == "skew" else {}),
+        **({"shared_fraction": cfg.shared_fraction} if cfg.shared_fraction else {}),
         "dropped": source.dropped,
         "nodes": nodes,
         "positive_class": positive_class(cfg, source.label_names),

@@ -66,6 +66,10 @@ def partition_table(manifest: Manifest):
         caption += f", Kolmogorov-Smirnov {stats['label_skew_ks']:.3f}"
     elif stats.get("label_skew_tv") is not None:  # manifests before the skew scheme have none
         caption += f", total variation {stats['label_skew_tv']:.3f}"
+    shared = sum(len(node.get("shared", [])) for node in manifest["nodes"])
+    if shared:
+        caption += (f"; a shared set of {shared} images ({shared // manifest.num_classes} per class) set apart from "
+                    "the nodes' training images")
     table = Table(title=f"partition: {manifest['source']}, scheme {manifest['scheme']}, seed {manifest['seed']}",
                   caption=caption)
     for column in ("node", "site", "scanner", "train", "test", "test %", "test/class", "classes"):

@@ -55,3 +55,4 @@ class NodeData:
         self.test = LazySources(lambda node: self.images.get(node, "train", [fold]) if fold is not None
                                 else self.images.get(node, "test", None))
         self.buffers = LazySources(buffers)
+        self.shared = LazySources(lambda node: self.images.get(node, "shared", None))  # its part of the shared set

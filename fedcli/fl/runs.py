@@ -76,6 +76,10 @@ def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int
         raise UserError(f"--fold {cfg.fold} is not a fold of this partition (0..{manifest['folds'] - 1})")
     folds = list(range(manifest["folds"])) if cfg.cv else [cfg.fold]
     check_node_options(cfg, manifest.node_names)
+    needing = [name for name in cfg.strategy if REGISTRY[name].needs_shared_set]
+    if needing and not manifest.data.get("shared_fraction"):
+        raise UserError(f"{needing[0]} trains on a globally shared set, which this partition has none of; re-run "
+                        "fedcli partition --overwrite with --shared-fraction F (the study's 0.05)")
     return [(name, fold) for name in cfg.strategy for fold in folds]
 
 

@@ -65,6 +65,7 @@ class Declaration:
     # node's own (averaged over nodes, or the last visited node's)
     discloses: dict[str, str] = dataclasses.field(default_factory=dict)  # transfer kind -> what it carries of
     # the nodes' images (the report names who received it)
+    needs_shared_set: bool = False  # reads the partition's globally shared set (partition --shared-fraction)
     published: bool = False  # one node holds the shared model after a round; it is broadcast to be tested everywhere
 
     @property
