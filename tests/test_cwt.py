@@ -82,3 +82,32 @@ def test_a_node_smaller_than_a_batch_trains_one_batch_of_all_its_images(exp):
     small = full_batches(fed.data.train["node0"], None, LocalSettings(epochs=1, lr=1e-3, batch=n + 5),
                          torch.Generator().manual_seed(0))
     assert len(small) == 1 and next(iter(small)).x.shape[0] == n
+
+
+def test_forgetting_scores_every_node_s_training_data_after_each_visit_of_the_last_cycle(exp, cli, tmp_path):
+    from conftest import copy_exp
+    from fedcli.fl.evaluate import predict
+    from fedcli.report import study
+    from fedcli.report.collect import load_experiment
+
+    fed = federation(exp, init_epochs=0)
+    cwt = REGISTRY.build("cwt", {"forgetting": True})
+    cwt.setup(fed)
+    cwt.run_round(fed, 1)
+    assert cwt.tables() == {}  # round 1 of 2: not the last cycle
+    cwt.run_round(fed, 2)
+    rows = cwt.tables()["forgetting"]
+    assert [(r["after_visit"], r["visited"], r["data"]) for r in rows] == \
+        [(v + 1, fed.nodes[v], node) for v in range(3) for node in fed.nodes]
+    for row in rows[-3:]:  # after the last visit: the final model
+        train = fed.data.train[row["data"]]
+        expected = (predict(cwt.models()["global"], train.images).argmax(1) == train.labels.numpy()).mean()
+        assert row["accuracy"] == pytest.approx(expected, abs=1e-12)
+    assert rows[0]["accuracy"] > rows[6]["accuracy"]  # node0's data, once node2 has trained the model
+
+    copied = copy_exp(exp, tmp_path)
+    cli.ok("federate", "--exp", copied, "--strategy", "cwt", "--forgetting", "--rounds", "1", "--epochs", "1",
+           "--init-epochs", "0", "--batch", "48", "--threads", "1")
+    table = study.forgetting_table(load_experiment(copied))
+    assert list(table.frame.columns) == [f"after visit {i + 1} (node{i})" for i in range(3)]
+    assert list(table.frame.index) == ["node0", "node1", "node2"]

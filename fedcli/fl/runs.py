@@ -164,10 +164,11 @@ def record_round(name: str, fold: int | None, rounds: int, end: RoundEnd) -> Non
 
 def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],
                  predictions: dict[str, torch.Tensor], resolved: dict, overwrite: bool,
-                 shared: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+                 shared: dict[str, dict[str, torch.Tensor]] | None = None, tables: dict[str, list[dict]] | None = None
+                 ) -> None:
     """metrics.csv, comm.csv, models/<key>.safetensors, predictions.safetensors (the final models' softmax on
     their own test sets, with the labels), shared/<name>.safetensors (samples of what the strategy sent, kept
-    for an audit) and config.json, replacing `out` at once."""
+    for an audit), the strategy's own tables (<name>.csv) and config.json, replacing `out` at once."""
     metrics = pd.DataFrame(rows)
     with staged_output(out, overwrite=overwrite) as stage:
         write_csv(stage / "metrics.csv", metrics.drop(columns=list(DIAGNOSTIC), errors="ignore"))
@@ -177,6 +178,8 @@ def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states:
         for key, state in states.items():
             save_tensors(stage / "models" / f"{key}.safetensors", {k: v.detach().cpu() for k, v in state.items()})
         save_tensors(stage / PREDICTIONS, predictions)
+        for name, rows_ in (tables or {}).items():
+            write_csv(stage / f"{name}.csv", pd.DataFrame(rows_))
         for name, tensors in (shared or {}).items():
             save_tensors(stage / SHARED / f"{name}.safetensors", tensors)
         meta = provenance("federate", resolved, resolved["seed"], resolved["inputs"]) | {"files": record_files(stage)}

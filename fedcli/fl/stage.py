@@ -69,6 +69,6 @@ def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fol
                                             computed(resolved), cfg.resume, on_round)
     states = {key: model.state_dict() for key, model in strategy.models().items()}
     write_output(out, rows, transfers, states, fed.evaluator.own_predictions(strategy.models()), resolved,
-                 cfg.overwrite or cfg.resume, strategy.kept())
+                 cfg.overwrite or cfg.resume, strategy.kept(), strategy.tables())
     shutil.rmtree(work, ignore_errors=True)
     return StrategyRun(name, fold, out, rows, fed.nodes)

@@ -106,6 +106,7 @@ def run(cfg: ReportConfig) -> Report:
         w.table(study.alpha_table(subs, metric))
         w.table(study.dp_table(subs, metric))
         w.table(study.skew_table(subs, metric))
+        w.table(study.forgetting_table(subs))
         if figures.skew_figure(subs, metric, out / "figures" / "label_skew.png"):
             w.figure("label_skew.png", f"{cfg.metric} against the label skew per method (mean ± std over seeds)")
         if figures.dp_figure(subs, metric, out / "figures" / "dp_utility.png"):

@@ -183,7 +183,8 @@ class Rank:
             for f in folders:
                 for p in sorted((f / SHARED).glob("*.safetensors")):
                     shared.setdefault(p.stem, {}).update(load_tensors(p, "shared sample"))
-            write_output(out, rows, transfers, states, predictions, resolved, cfg.overwrite or cfg.resume, shared)
+            write_output(out, rows, transfers, states, predictions, resolved, cfg.overwrite or cfg.resume, shared,
+                         strategy.tables())
             shutil.rmtree(work if self.group.rank == 0 else work / node, ignore_errors=True)
         return StrategyRun(name, fold, out, rows, fed.nodes)
 

@@ -98,6 +98,10 @@ class Strategy(abc.ABC):
         as-trained batches)."""
         return fed.data.train[node], None
 
+    def tables(self) -> dict[str, list[dict]]:
+        """Measurements of its own beside metrics.csv (by file name: `<name>.csv`), every node's, gathered."""
+        return {}
+
     def kept(self) -> dict[str, dict[str, torch.Tensor]]:
         """Samples of what the strategy sent, kept for an audit (by artifact name: `shared/<name>.safetensors`),
         as far as this process holds them; bounded in size."""

@@ -19,18 +19,30 @@ On the distributed engine a node waits for the model while the nodes before it t
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import TYPE_CHECKING
 
+import numpy as np
 from torch import nn
 
+from fedcli.fl.evaluate import predict
 from fedcli.fl.local import Batches
 from fedcli.fl.payloads import decode_model, encode_model
-from fedcli.fl.strategies.base import Declaration, Strategy
+from fedcli.fl.strategies.base import Declaration, Strategy, flag
 
 if TYPE_CHECKING:
     from fedcli.fl.engine import Federation
 
 KEY = "global"
+FORGETTING = "forgetting"
+
+
+@dataclasses.dataclass(frozen=True)
+class CwtOptions:
+    forgetting: bool = flag(False, "CWT: score the model after each visit of the last cycle on every node's training "
+                                   "data (the generative-replay study's Table 1; distributed, the model is broadcast "
+                                   "after each visit, as eval traffic).")
 
 
 def full_batches(primary, replay, settings, generator) -> Batches:
@@ -42,8 +54,10 @@ def full_batches(primary, replay, settings, generator) -> Batches:
 class CyclicWeightTransfer(Strategy):
     name = "cwt"
 
-    def __init__(self):
+    def __init__(self, options: CwtOptions = CwtOptions()):
+        self.options = options
         self.model: nn.Module | None = None
+        self.forgetting: list[dict] = []
 
     def setup(self, fed: "Federation", train: bool = True) -> None:
         self.build(fed)
@@ -74,6 +88,8 @@ class CyclicWeightTransfer(Strategy):
                     travelling.load_state_dict(decode_model(fed.transport.receive(round_, before, node, "model"),
                                                             travelling.state_dict()))
             self.visit(fed, node, round_, epochs)
+            if getattr(self.options, "forgetting", False) and round_ == fed.trainer.budget.rounds:
+                self.score_visit(fed, round_, i)
         fed.transport.flush()
         holder = self.assemble(fed, round_)
         published = fed.transport.publish(round_, holder, encode_model(self.model.state_dict())
@@ -83,6 +99,25 @@ class CyclicWeightTransfer(Strategy):
     def visit(self, fed: "Federation", node: str, round_: int, epochs: int) -> None:
         if node in fed.local_nodes:
             fed.trainer.train(self.model, node, round_, fed.data.train[node], None, epochs, compose=full_batches)
+
+    def score_visit(self, fed: "Federation", round_: int, visit: int) -> None:
+        """Every node's accuracy on its own training data under the model that has just visited node `visit`."""
+        node = fed.nodes[visit]
+        fed.transport.flush()
+        published = fed.transport.publish(round_, node, encode_model(self.model.state_dict())
+                                          if node in fed.local_nodes else None)
+        scorer = copy.deepcopy(self.model)
+        scorer.load_state_dict(decode_model(published, scorer.state_dict()))
+        rows = []
+        for data_node in fed.local_nodes:
+            train = fed.data.train[data_node]
+            correct = predict(scorer, train.images, fed.trainer.device).argmax(axis=1) == train.labels.numpy()
+            rows.append({"round": round_, "data": data_node, "after_visit": visit + 1, "visited": node,
+                         "accuracy": float(np.mean(correct)), "n": len(train)})
+        self.forgetting += [row for part in fed.transport.gather(rows, "the forgetting scores") for row in part]
+
+    def tables(self) -> dict[str, list[dict]]:
+        return {FORGETTING: list(self.forgetting)} if self.forgetting else {}
 
     def assemble(self, fed: "Federation", round_: int) -> str:
         """The node that holds the whole model after a cycle and publishes it: the last one visited."""
@@ -94,7 +129,7 @@ class CyclicWeightTransfer(Strategy):
 
 DECLARED = (
     Declaration("cwt", 22, "CWT: one model visits the nodes in a fixed order, floor(|D_k|/b) steps per epoch at "
-                "each (Chang et al.)", lambda o: CyclicWeightTransfer(), model_key=KEY, transfers=("model",),
+                "each (Chang et al.)", lambda o: CyclicWeightTransfer(o), options=CwtOptions, model_key=KEY, transfers=("model",),
                 families=("federated",), published=True,
                 bn_averaged="the last node's: the statistics of the node the model visited last, not the evaluating "
                 "node's"),
