@@ -77,7 +77,7 @@ class Range:
 
 # Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
-UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "optimizer": "adam", "weight_decay": 0.0}
+UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0}
 
 
 def settled(values: dict[str, Any]) -> dict[str, Any]:

@@ -111,3 +111,24 @@ def test_forgetting_scores_every_node_s_training_data_after_each_visit_of_the_la
     table = study.forgetting_table(load_experiment(copied))
     assert list(table.frame.columns) == [f"after visit {i + 1} (node{i})" for i in range(3)]
     assert list(table.frame.index) == ["node0", "node1", "node2"]
+
+
+def test_the_forgetting_scores_survive_a_resume_after_the_last_round(exp, tmp_path):
+    from conftest import copy_exp
+    from fedcli.fl import stage
+
+    run = dict(strategy=("cwt",), forgetting=True, rounds=2, epochs=1, init_epochs=0, batch=48, bootstrap=20,
+               threads=1)
+    whole = copy_exp(exp, tmp_path / "whole")
+    stage.run(FederateConfig(exp=whole, **run))
+    resumed = copy_exp(exp, tmp_path / "resumed")
+
+    def crash(strategy, round_):
+        if round_ == 2:  # the last round is checkpointed, its outputs not yet written
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(FederateConfig(exp=resumed, **run), after_round=crash)
+    stage.run(FederateConfig(exp=resumed, resume=True, **run))
+    assert (resumed / "federate" / "cwt" / "forgetting.csv").read_bytes() == \
+        (whole / "federate" / "cwt" / "forgetting.csv").read_bytes()

@@ -90,3 +90,29 @@ def test_bad_shared_sets_are_one_line(cli, exp, tmp_path):
     cli.ok("partition", "--nodes", "3", "--image-size", "16", "--exp", plain)
     assert "fedavg-share trains on a globally shared set, which this partition has none of" in cli.user_error(
         "federate", "--exp", plain, "--strategy", "fedavg-share", "--rounds", "1")
+
+
+def test_averaging_keeps_the_first_node_s_update_of_every_round(exp, monkeypatch):
+    trained = []
+    train = LocalTrainer.train
+
+    def spy(self, model, key_, round_, primary, replay, epochs, objective=None, compose=None):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        steps = train(self, model, key_, round_, primary, replay, epochs, objective)
+        trained.append((key_, round_, before, {k: v.clone() for k, v in model.state_dict().items()}))
+        return steps
+
+    monkeypatch.setattr(LocalTrainer, "train", spy)
+    cfg = FederateConfig(exp=exp, model=("cnn",), epochs=1, init_epochs=1, batch=64, bootstrap=20, rounds=2)
+    fed = engine.build(cfg, Manifest.load(exp), 0)
+    fedavg = REGISTRY.build("fedavg", {})
+    fedavg.setup(fed)
+    for round_ in (1, 2):
+        fedavg.run_round(fed, round_)
+    kept = fedavg.kept()["updates"]
+    first = [(r, before, after) for key_, r, before, after in trained if key_ == "node0"]
+    assert [r for r, _, _ in first] == [0, 1, 2]
+    assert set(kept) == {f"round{r}/{k}" for r, _, after in first for k, v in after.items() if v.is_floating_point()}
+    for round_, before, after in first:
+        assert all(torch.equal(kept[f"round{round_}/{k}"], after[k] - before[k])
+                   for k in after if after[k].is_floating_point())

@@ -116,5 +116,5 @@ def test_a_server_node_or_cut_that_does_not_exist_is_one_line(cli, exp):
     assert "--server-node nodeX is not a node; nodes: node0, node1, node2" in cli.user_error(
         "federate", "--exp", exp, "--strategy", "splitnn", "--server-node", "nodeX", "--rounds", "1")
     assert "--cut layer2 is not a cut of cnn; choose from stem, stage2, stage3" in cli.user_error(
-        "federate", "--exp", exp, "--strategy", "splitnn", "--cut", "layer2", "--rounds", "1")
-    assert not (exp / "federate" / "splitnn").exists()
+        "federate", "--exp", exp, "--strategy", "fedavg", "--strategy", "splitnn", "--cut", "layer2", "--rounds", "1")
+    assert not (exp / "federate").exists()  # refused before any strategy ran

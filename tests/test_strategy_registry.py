@@ -66,6 +66,12 @@ def test_a_run_resumed_after_round_1_equals_the_uninterrupted_run(name, referenc
     expected, got = models(reference, name), models(exp, name)
     assert got.keys() == expected.keys()
     assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key])
+    assert kept(exp, name) == kept(reference, name)  # what it sent, kept for an audit, across the resume
+
+
+def kept(exp, name) -> dict[str, bytes]:
+    folder = exp / "federate" / name / "shared"
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.safetensors"))}
 
 
 def another_value(field: dataclasses.Field, annotation) -> object:
@@ -118,6 +124,10 @@ def test_every_strategy_that_runs_on_both_engines_gives_the_in_process_numbers_d
         expected, got = models(reference, name), models(exp, name)
         assert got.keys() == expected.keys(), name
         assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key]), name
+        samples = [{p: load_tensors(exp_ / "federate" / name / "shared" / p, "kept") for p in kept(exp_, name)}
+                   for exp_ in (reference, exp)]
+        assert samples[0].keys() == samples[1].keys(), name  # each rank's samples, gathered
+        assert all(torch.equal(samples[0][p][k], samples[1][p][k]) for p in samples[0] for k in samples[0][p]), name
         # cross-evaluation moves node models, each to every other node, every evaluated round (0, 1, 2); a shared
         # model that one node holds is broadcast to the other two after each trained round (1, 2)
         evals = comm[comm.kind == "eval"]

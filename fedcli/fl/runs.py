@@ -14,7 +14,7 @@ from fedcli import console, events
 from fedcli.artifact_kinds import record_files
 from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, staged_output, write_csv, \
     write_json
-from fedcli.config import settled
+from fedcli.config import architectures, settled
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 from fedcli.errors import UserError
@@ -24,6 +24,7 @@ from fedcli.fl.federate_config import (ENGINE_OPTIONS, FederateConfig, inapplica
                                       without_strategy_options)
 from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.transport import Transfer
+from fedcli.models.cuts import check_cut
 from fedcli.replay.buffer import load_buffer_file
 from fedcli.replay.record import read_gan_config
 from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir
@@ -84,8 +85,12 @@ def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int
 
 
 def check_node_options(cfg: FederateConfig, nodes: list[str]) -> None:
-    """Every option naming a node (a server's or an encoder's rank) names one of the partition's."""
+    """Every option naming a node (a server's or an encoder's rank) names one of the partition's, and a cut
+    is one of the model's."""
     for name in cfg.strategy:
+        options = cfg.options_of(name)
+        if hasattr(options, "cut"):
+            check_cut(architectures(cfg.model)[0], options.cut)
         for field in REGISTRY[name].option_fields():
             given = getattr(cfg, field.name)
             if field.metadata.get("node") and given is not None and given not in nodes:

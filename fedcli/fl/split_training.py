@@ -115,6 +115,7 @@ def _train(bottom, top, batches, steps, settings, link, device, on_step) -> int:
             activations.backward(gradient)
             set_lr(bottom_opt, lr)
             bottom_opt.step()
+        link.transport.flush()  # this step's sends delivered: a turn never holds more than one batch's payloads
     return steps
 
 

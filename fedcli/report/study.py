@@ -131,19 +131,21 @@ def engine_note(subs: list[SubExperiment]) -> str | None:
 def disclosure_note(subs: list[SubExperiment]) -> str | None:
     """Who received what a strategy computes from the nodes' images (latents, activations, the images
     themselves), read from what travelled."""
-    parts = {}
+    seen: dict[tuple[str, str], tuple[set, set]] = {}  # (strategy, kind) -> receivers, senders over every run
     for run in (r for s in subs for r in s.runs):
         declaration = REGISTRY.get(run.strategy)
-        if declaration is None or not declaration.discloses or run.comm is None:
+        if declaration is None or run.comm is None:
             continue
-        for kind, what in declaration.discloses.items():
+        for kind in declaration.discloses:
             sent = run.comm[run.comm.kind == kind]
             if len(sent):
-                receivers = ", ".join(sorted(set(sent.receiver)))
-                senders = ", ".join(sorted(set(sent.sender)))
-                parts[(run.strategy, kind)] = (f"In {run.strategy}, {receivers} received from {senders} the {what}: "
-                                               "that rank saw them.")
-    return " ".join(parts.values()) or None
+                receivers, senders = seen.setdefault((run.strategy, kind), (set(), set()))
+                receivers.update(sent.receiver)
+                senders.update(sent.sender)
+    parts = [f"In {name}, {', '.join(sorted(receivers))} received from {', '.join(sorted(senders))} the "
+             f"{REGISTRY[name].discloses[kind]}: {'that rank' if len(receivers) == 1 else 'those ranks'} saw them."
+             for (name, kind), (receivers, senders) in seen.items()]
+    return " ".join(parts) or None
 
 
 def by_strategy(label: str, subs: list[SubExperiment], describe: Callable[[dict], str]) -> str:

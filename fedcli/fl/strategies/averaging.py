@@ -6,6 +6,10 @@ share, weighted by train size or equally (`--weighting`) and summed exactly (a s
 process, an all-reduce between processes: no server), so every node ends with the same global model.
 Subclasses change one hook: the objective a node trains with (`objective`), what happens around a node's
 training (`train_node`), or how the average becomes the new global model (`merge`).
+
+Kept for an audit (`shared/updates.safetensors`): the first node's update of each round (its trained shared
+tensors minus the global ones it started from, what its contribution to the average reveals), the latest
+rounds that fit in 64 MiB (every round for the small CNN; for a ResNet-18, about the last 5).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ if TYPE_CHECKING:
     from fedcli.fl.engine import Federation
 
 SHARED_STATISTICS = "the average: one set of statistics shared by hospitals that differ"
+KEPT_UPDATE_BYTES = 64 * 2**20
+UPDATES = "updates"
 
 
 class ServerAveraging(Strategy):
@@ -32,9 +38,11 @@ class ServerAveraging(Strategy):
         self.global_model: nn.Module | None = None
         self.bn_keys: set[str] = set()
         self.local_state: dict[str, dict[str, torch.Tensor]] = {}  # FedBN: each node's BN tensors
+        self.updates: dict[int, dict[str, torch.Tensor]] = {}  # the first node's, by round
 
     def setup(self, fed: "Federation", train: bool = True) -> None:
         """The common initial model; trained, round 0 is a round of init_epochs (FedER's M^0 budget)."""
+        self.first = fed.nodes[0]  # whose updates are kept
         self.global_model = fed.trainer.new_model("global")
         self.bn_keys = batchnorm_keys(self.global_model) if self.local_bn else set()
         bn_state = {k: v.clone() for k, v in self.global_model.state_dict().items() if k in self.bn_keys}
@@ -66,8 +74,20 @@ class ServerAveraging(Strategy):
             if self.local_bn:
                 self.local_state[node] = {k: v.detach().clone() for k, v in state.items() if k in self.bn_keys}
             states[node] = self.shared(state)
+            if node == fed.nodes[0]:
+                self.keep_update(round_, states[node], global_shared)
         averaged = fed.transport.average(round_, states, fed.averaging_weights())
         self.global_model.load_state_dict({**self.global_model.state_dict(), **self.merge(fed, round_, averaged)})
+
+    def keep_update(self, round_: int, trained: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> None:
+        self.updates[round_] = {k: (v - start[k]).detach().cpu().clone() for k, v in trained.items()
+                                if v.is_floating_point()}
+        while len(self.updates) > 1 and sum(t.numel() * t.element_size() for u in self.updates.values()
+                                            for t in u.values()) > KEPT_UPDATE_BYTES:
+            del self.updates[min(self.updates)]
+
+    def kept(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {UPDATES: flat_updates(self.updates)} if self.updates else {}
 
     def init_server(self, fed: "Federation") -> None:
         """State kept beside the global model (server optimiser moments, control variates)."""
@@ -98,6 +118,8 @@ class ServerAveraging(Strategy):
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         states = {"global": self.global_model.state_dict()}
         states.update({f"bn:{node}": bn for node, bn in self.local_state.items()})
+        if self.updates:
+            states[f"{UPDATES}:{self.first}"] = flat_updates(self.updates)
         return states
 
     def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -105,6 +127,14 @@ class ServerAveraging(Strategy):
         self.global_model.load_state_dict(states["global"])
         for node in self.local_state:
             self.local_state[node] = states[f"bn:{node}"]
+        self.updates = {}
+        for name, tensor in states.get(f"{UPDATES}:{self.first}", {}).items():
+            round_, _, key = name.partition("/")
+            self.updates.setdefault(int(round_.removeprefix("round")), {})[key] = tensor
+
+
+def flat_updates(updates: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {f"round{r}/{k}": t for r, update in sorted(updates.items()) for k, t in update.items()}
 
 
 DECLARED = (

@@ -24,6 +24,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from torch import nn
 
 from fedcli.fl.evaluate import predict
@@ -69,6 +70,7 @@ class CyclicWeightTransfer(Strategy):
         self.cycle(fed, round_, fed.trainer.epochs, handed_over=trained_before)
 
     def build(self, fed: "Federation") -> None:
+        self.nodes = fed.nodes
         self.model = fed.trainer.new_model(KEY)
 
     def travelling(self) -> nn.Module:
@@ -111,6 +113,8 @@ class CyclicWeightTransfer(Strategy):
         rows = []
         for data_node in fed.local_nodes:
             train = fed.data.train[data_node]
+            if not len(train):
+                continue
             correct = predict(scorer, train.images, fed.trainer.device).argmax(axis=1) == train.labels.numpy()
             rows.append({"round": round_, "data": data_node, "after_visit": visit + 1, "visited": node,
                          "accuracy": float(np.mean(correct)), "n": len(train)})
@@ -118,6 +122,26 @@ class CyclicWeightTransfer(Strategy):
 
     def tables(self) -> dict[str, list[dict]]:
         return {FORGETTING: list(self.forgetting)} if self.forgetting else {}
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The model, and the forgetting scores so far (every node holds them all), as columns."""
+        if not self.forgetting:
+            return super().state()
+        index = {node: i for i, node in enumerate(self.nodes)}
+        columns = {"round": torch.tensor([r["round"] for r in self.forgetting]),
+                   "data": torch.tensor([index[r["data"]] for r in self.forgetting]),
+                   "after_visit": torch.tensor([r["after_visit"] for r in self.forgetting]),
+                   "accuracy": torch.tensor([r["accuracy"] for r in self.forgetting], dtype=torch.float64),
+                   "n": torch.tensor([r["n"] for r in self.forgetting])}
+        return super().state() | {FORGETTING: columns}
+
+    def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
+        super().load_state(fed, {k: v for k, v in states.items() if k != FORGETTING})
+        held = states.get(FORGETTING)
+        self.forgetting = [] if held is None else [
+            {"round": int(r), "data": fed.nodes[int(d)], "after_visit": int(v), "visited": fed.nodes[int(v) - 1],
+             "accuracy": float(a), "n": int(n)}
+            for r, d, v, a, n in zip(*(held[c].tolist() for c in ("round", "data", "after_visit", "accuracy", "n")))]
 
     def assemble(self, fed: "Federation", round_: int) -> str:
         """The node that holds the whole model after a cycle and publishes it: the last one visited."""

@@ -71,8 +71,8 @@ class SharedDataAveraging(ServerAveraging):
 
     def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
         super().load_state(fed, states)
-        self.union = {node: TensorSource(states[f"{HELD}:{node}"]["images"], states[f"{HELD}:{node}"]["labels"])
-                      for node in fed.local_nodes}
+        self.union = {node: TensorSource(states[f"{HELD}:{node}"]["images"].cpu(),
+                                         states[f"{HELD}:{node}"]["labels"].cpu()) for node in fed.local_nodes}
 
 
 DECLARED = (

@@ -147,7 +147,8 @@ class FedReplay(Strategy):
         super().load_state(fed, {KEY: states[KEY]})
         held = states.get(f"{LATENTS}:{self.server}")
         if held is not None:
-            self.latents, self.owners = TensorSource(held["latents"], held["labels"]), held["node"]
+            self.latents = TensorSource(held["latents"].cpu(), held["labels"].cpu())
+            self.owners = held["node"].cpu()
 
 
 DECLARED = (
