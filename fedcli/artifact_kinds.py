@@ -62,10 +62,14 @@ KINDS: tuple[Kind, ...] = (
          f"{RECORDED}; metadata names its node and partition; uint8 images (N, C, S, S); one int64 label per "
          "image, each a class the node holds", recorded=True),
     Kind("GAN training log", ("gan/*/metrics.csv", "gan/*/samples.png"), "", recorded=True),
-    Kind("federate results", fold_too("federate/*/metrics.csv", "federate/*/comm.csv", "federate/*/bn_statistics.csv"),
+    Kind("federate results", fold_too("federate/*/metrics.csv", "federate/*/comm.csv", "federate/*/bn_statistics.csv",
+                                      "federate/*/forgetting.csv"),
          "read as tables by the report and by model selection", recorded=True),
     Kind("classifier", fold_too("federate/*/models/*.safetensors"),
          f"{RECORDED}; tensors fit the classifier; finite values (predict)", recorded=True),
+    Kind("shared samples", fold_too("federate/*/shared/*.safetensors"),
+         f"{RECORDED}; what a strategy sent (latents, activations and gradients, updates), kept for an audit",
+         recorded=True),
     Kind("test-set predictions", fold_too("federate/*/" + PREDICTIONS),
          f"{RECORDED}; one softmax per test image of each own model, labels in range, finite values (report: "
          "paired bootstrap)", recorded=True),

@@ -728,13 +728,21 @@ def skew_table(subs: list[SubExperiment], metric: str) -> Built:
     for ks, reps in groups.items():
         nodes = nodes_of(reps)
         rows[f"KS {ks:g}"] = {"reached": Stat.of([s.manifest["statistics"]["label_skew_tv"] for s in reps]),
-                              **{name: performance_cells(distinct(reps, name), name, metric, nodes)["mean"]
-                                 for name in strategies}}
+                              **{name: seed_interval(performance_cells(distinct(reps, name), name, metric,
+                                                                       nodes)["mean"]) for name in strategies}}
     return ReportTable("label_skew", title, pd.DataFrame(rows).T,
                        f"{metric}, mean over nodes of each method's final model on each node's own test set (a "
-                       "shared model on every node's), mean ± std over seeds; reached: the partition's mean pairwise "
-                       "KS (total variation for more than two classes)", lower_is_better=metric in LOWER_IS_BETTER,
-                       rows_are="skew")
+                       "shared model on every node's): the mean over seeds and its 95% t-interval [low, high] (one "
+                       "seed: the mean alone); reached: the partition's mean pairwise KS (total variation for more "
+                       "than two classes), mean ± std", lower_is_better=metric in LOWER_IS_BETTER, rows_are="skew")
+
+
+def seed_interval(stat: Stat) -> str:
+    """mean [low, high], the 95% t-interval of a mean over seeds; the mean alone from one seed."""
+    if stat.n < 2:
+        return str(stat)
+    half = float(scipy_stats.t.ppf(0.975, stat.n - 1)) * stat.std / np.sqrt(stat.n)
+    return f"{stat.mean:.3f} [{stat.mean - half:.3f}, {stat.mean + half:.3f}]"
 
 
 def forgetting_table(subs: list[SubExperiment]) -> Built:
