@@ -76,18 +76,18 @@ def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int
     if cfg.fold is not None and not 0 <= cfg.fold < manifest["folds"]:
         raise UserError(f"--fold {cfg.fold} is not a fold of this partition (0..{manifest['folds'] - 1})")
     folds = list(range(manifest["folds"])) if cfg.cv else [cfg.fold]
-    check_node_options(cfg, manifest.node_names)
-    needing = [name for name in cfg.strategy if REGISTRY[name].needs_shared_set]
-    if needing and not manifest.data.get("shared_fraction"):
-        raise UserError(f"{needing[0]} trains on a globally shared set, which this partition has none of; re-run "
-                        "fedcli partition --overwrite with --shared-fraction F (the study's 0.05)")
+    check_against_partition(cfg, manifest)
     return [(name, fold) for name in cfg.strategy for fold in folds]
 
 
-def check_node_options(cfg: FederateConfig, nodes: list[str]) -> None:
-    """Every option naming a node (a server's or an encoder's rank) names one of the partition's, and a cut
-    is one of the model's."""
+def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
+    """What each strategy needs of the partition and the model: a shared set where it reads one, node options
+    (a server's or an encoder's rank) naming one of the partition's nodes, a cut the model has."""
+    nodes = manifest.node_names
     for name in cfg.strategy:
+        if REGISTRY[name].needs_shared_set and not manifest.data.get("shared_fraction"):
+            raise UserError(f"{name} trains on a globally shared set, which this partition has none of; re-run "
+                            "fedcli partition --overwrite with --shared-fraction F (the study's 0.05)")
         options = cfg.options_of(name)
         if hasattr(options, "cut"):
             check_cut(architectures(cfg.model)[0], options.cut)

@@ -31,6 +31,7 @@ HELD = "shared-set"  # the state key prefix of each node's copy of the union
 class SharedDataAveraging(ServerAveraging):
     def setup(self, fed: "Federation", train: bool = True) -> None:
         self.union: dict[str, TensorSource] = {}
+        self.joined: dict[str, TensorSource] = {}
         if train:
             self.exchange(fed)
         super().setup(fed, train)
@@ -55,7 +56,10 @@ class SharedDataAveraging(ServerAveraging):
         self.union = {node: TensorSource.concat([held[n] for n in fed.nodes]) for node, held in parts.items()}
 
     def sources(self, fed: "Federation", node: str) -> TensorSource:
-        return TensorSource.concat([fed.data.train[node], self.union[node]])
+        """The node's images and the shared set, joined once per run rather than every round."""
+        if node not in self.joined:
+            self.joined[node] = TensorSource.concat([fed.data.train[node], self.union[node]])
+        return self.joined[node]
 
     def train_node(self, fed: "Federation", node: str, round_: int, model: nn.Module, epochs: int,
                    anchor: dict[str, torch.Tensor]) -> int:
