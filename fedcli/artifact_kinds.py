@@ -20,7 +20,7 @@ from typing import Any
 
 from fedcli.artifacts import OLD, STAGING, parse_tensors, read_json, sha256_bytes, sha256_file
 from fedcli.errors import UserError
-from fedcli.layout import (BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE,
+from fedcli.layout import (BUFFER, CODES, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE,
                            GENERATOR_RESEEDED, GENERATOR_TINY, PREDICTIONS, inside)
 
 CONFIG = "config.json"
@@ -61,6 +61,11 @@ KINDS: tuple[Kind, ...] = (
     Kind("buffer", ("gan/*/" + BUFFER,),
          f"{RECORDED}; metadata names its node and partition; uint8 images (N, C, S, S); one int64 label per "
          "image, each a class the node holds", recorded=True),
+    Kind("codes", ("gan/*/" + CODES,),
+         f"{RECORDED}; metadata names its node and partition; int16 top and bottom codes, each below the codebook's "
+         "size, one int64 label per image (vqvae2 kind)", recorded=True),
+    Kind("serial checkpoint", ("gan/.serial/after-*.safetensors",),
+         "a serial generator after each institution; its config fingerprint compared before it is resumed"),
     Kind("GAN training log", ("gan/*/metrics.csv", "gan/*/samples.png"), "", recorded=True),
     Kind("federate results", fold_too("federate/*/metrics.csv", "federate/*/comm.csv", "federate/*/bn_statistics.csv",
                                       "federate/*/forgetting.csv"),
@@ -251,9 +256,11 @@ AUDITED_CONTROLS = {"reseeded": GENERATOR_RESEEDED, "tiny-node": GENERATOR_TINY}
 
 
 def input_file(key: str, folder: Path, root: Path) -> Path | None:
-    """The file an input of `folder/config.json` names: `buffer:<node>` (federate) or an audited one."""
-    if key.startswith("buffer:"):
-        return inside(root, "gan", key.removeprefix("buffer:"), BUFFER)
+    """The file an input of `folder/config.json` names: `buffer:<node>` or `codes:<node>` (federate) or an audited
+    one."""
+    for prefix, name in (("buffer:", BUFFER), ("codes:", CODES)):
+        if key.startswith(prefix):
+            return inside(root, "gan", key.removeprefix(prefix), name)
     audited = AUDITED | AUDITED_CONTROLS
     if key in audited and folder.parent.name == "audit":
         return inside(root, "gan", folder.name, audited[key])

@@ -163,8 +163,10 @@ def train_gan(
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
     node: Optional[str] = typer.Option(None, help="Train this node only (hospitals can run separately). "
                                        "Default: every node in turn.", show_default=False),
-    generator: str = typer.Option(GanConfig.generator, help="Kind of generator; the options below are the "
-                                  "stylegan2 kind's unless said otherwise."),
+    generator: str = typer.Option(GanConfig.generator, help="Kind of generator: stylegan2 (FedER's GAN, per node) "
+                                  "or vqvae2 (the generative-replay study's VQ-VAE-2, trained serially across the "
+                                  "nodes: --iterations steps at each, --batch; its own options say vqvae2). The "
+                                  "options below are the stylegan2 kind's unless said otherwise."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     iterations: int = typer.Option(GanConfig.iterations, help="Phase 1 (standard GAN) iteration cap."),
     patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when no FID check has come within the "
@@ -241,6 +243,18 @@ def train_gan(
                                              "at least 1 / N is refused].", show_default=False),
     dp_max_grad_norm: float = typer.Option(GanConfig.dp_max_grad_norm, help="DP clipping bound C: each real image's "
                                            "gradient over all discriminator parameters is clipped to this L2 norm."),
+    vq_lr: float = typer.Option(GanConfig.vq_lr, help="vqvae2: Adam learning rate of the VQ-VAE-2 and its priors."),
+    vq_beta: float = typer.Option(GanConfig.vq_beta, help="vqvae2: commitment weight beta."),
+    vq_decay: float = typer.Option(GanConfig.vq_decay, help="vqvae2: the codebooks' EMA decay."),
+    vq_codebook: int = typer.Option(GanConfig.vq_codebook, help="vqvae2: codes in each level's codebook."),
+    vq_dim: int = typer.Option(GanConfig.vq_dim, help="vqvae2: size of a code vector."),
+    vq_channels: int = typer.Option(GanConfig.vq_channels, help="vqvae2: feature maps of its encoders and decoders."),
+    prior_iterations: int = typer.Option(GanConfig.prior_iterations, help="vqvae2: steps of each node's "
+                                         "class-conditional PixelCNN prior over its codes, whose samples are then "
+                                         "the buffer; 0: no prior, the buffer is the decoded codes (reconstructions "
+                                         "of real images)."),
+    prior_channels: int = typer.Option(GanConfig.prior_channels, help="vqvae2: feature maps of the prior."),
+    prior_layers: int = typer.Option(GanConfig.prior_layers, help="vqvae2: gated masked layers of the prior."),
     sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "
                                      "the saved generator."),
     device: Device = typer.Option(GanConfig.device, help="auto (CUDA when present), cpu or cuda."),
@@ -249,19 +263,23 @@ def train_gan(
     overwrite: bool = typer.Option(GanConfig.overwrite, help="Replace existing <exp>/gan/<node> folders."),
     tensorboard: bool = typer.Option(False, help=TENSORBOARD_HELP),
 ) -> None:
-    """Train each node's conditional GAN with the LPIPS privacy loss and sample its synthetic buffer.
+    """Train each node's conditional GAN with the LPIPS privacy loss and sample its synthetic buffer (or, with
+    --generator vqvae2, a VQ-VAE-2 serially across the nodes, and each node's codes and prior).
 
     Writes <exp>/gan/<node>/: generator.safetensors, generator_phase1.safetensors, buffer.safetensors,
-    metrics.csv, samples.png, config.json.
+    metrics.csv, samples.png, config.json (vqvae2: generator.safetensors, codes.safetensors, buffer.safetensors,
+    metrics.csv, samples.png, config.json).
     """
     from fedcli.gan.stage import run
-    from fedcli.report.tables import gan_table
+    from fedcli.report.tables import gan_table, vqvae2_table
 
     cfg = resolved_config(ctx, GanConfig, "train_gan")
     with events.tensorboard(tensorboard):
         summaries = run(cfg)
     if not cfg.sample_only and all("phase1" in s for s in summaries):  # the table reads the StyleGAN kind's record
         console.out.print(gan_table(summaries))
+    elif summaries and all("serial" in s for s in summaries):
+        console.out.print(vqvae2_table(summaries))
     console.out.print(f"wrote {cfg.exp / 'gan'}")
 
 

@@ -77,7 +77,9 @@ class Range:
 
 # Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
-UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0}
+UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
+                "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
+                "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4}
 
 
 def settled(values: dict[str, Any]) -> dict[str, Any]:
@@ -311,6 +313,15 @@ class GanConfig:
                                             why="inf: the DP code path without noise; off: no DP")
     dp_delta: float | None = ranged(None, 0, 1, low_open=True, high_open=True, why="default 1 / (10 N)")
     dp_max_grad_norm: float = ranged(1.0, 0, MAX_COUNT, low_open=True)
+    vq_lr: float = ranged(4e-4, 0, 1, low_open=True)
+    vq_beta: float = ranged(0.25, 0, 100)
+    vq_decay: float = ranged(0.99, 0, 1, high_open=True)
+    vq_codebook: int = ranged(64, 2, 2**15)
+    vq_dim: int = ranged(32, 1, 4096)
+    vq_channels: int = ranged(64, 2, 4096)
+    prior_iterations: int = ranged(0, 0, MAX_COUNT, why="0: no prior; the buffer is the decoded codes")
+    prior_channels: int = ranged(64, 1, 4096)
+    prior_layers: int = ranged(4, 1, 64)
     sample_only: bool = False
     device: Device = "auto"
     threads: int | None = ranged(None, 1, MAX_THREADS)

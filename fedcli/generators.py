@@ -1,9 +1,10 @@
 """What train-gan, federate and the audit need from a kind of generator, as typed protocols.
 
-A kind (StyleGAN2 in fedcli/gan/stylegan2.py; the registry is fedcli/gan/kinds.py) trains each node's
-generators in three roles the later stages rely on: the released generator (its buffer is what the node
-shares), the standard one (trained without any privacy measure) and the control (trained as long as the
-released one, without the privacy measure: the audit's paired comparison). Federate only reads the
+A kind (StyleGAN2 in fedcli/gan/stylegan2.py, the VQ-VAE-2 in fedcli/gan/vqvae2.py; the registry is
+fedcli/gan/kinds.py) trains each node's generators in the roles the later stages rely on: the released
+generator (its buffer is what the node shares), and for StyleGAN the standard one (trained without any privacy
+measure) and the control (trained as long as the released one, without the privacy measure: the audit's paired
+comparison); the fidelity score scores every role a kind makes. Federate only reads the
 buffers, through fedcli/replay/, so it needs no kind. The audit inverts the generators: the kind gives each
 image a starting latent, renders latents, and names the extra per-image inputs worth optimising.
 """
@@ -20,8 +21,8 @@ from torch import nn
 
 if TYPE_CHECKING:
     from fedcli.config import GanConfig
+    from fedcli.data.dataset import NodeDataset
     from fedcli.data.manifest import Manifest
-    from fedcli.fl.transport import Transport
 
 RELEASED, STANDARD, CONTROL = "phase2", "phase1", "control"  # the roles, as config.json and samples.png name them
 
@@ -50,13 +51,14 @@ class Invertible(Protocol):
 
 
 class Codec(Protocol):
-    """A generator that encodes real images into codes and decodes codes into images (a VQ-VAE): its buffer
-    may be the decoded codes of the node's real images (`Trained.decoded`) rather than class-balanced samples."""
+    """A generator that encodes real images into codes and decodes codes into images (the VQ-VAE-2 kind,
+    fedcli/gan/vqvae2.py): its buffer may be the decoded codes of the node's real images (`Trained.decoded`)
+    rather than class-balanced samples."""
 
-    def encode(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Codes of images in [-1, 1]."""
+    def encode(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """Codes (one index map per level) of images in [-1, 1]."""
 
-    def decode(self, codes: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def decode(self, *codes: torch.Tensor) -> torch.Tensor:
         """Images in [-1, 1] from codes."""
 
 
@@ -72,14 +74,15 @@ class Trained:
 
 
 class NodeTrainer(Protocol):
-    def train(self, node: str) -> Trained:
-        """Train `node`'s generators on its train split, every draw keyed by (seed, node)."""
+    def train(self, node: str, data: NodeDataset) -> Trained:
+        """Train `node`'s generators on its train split `data`, every draw keyed by (seed, node)."""
 
 
 class GeneratorKind(Protocol):
     """A kind of generator, registered by its `name` (`train-gan --generator NAME`)."""
 
     name: str
+    projectable: bool  # audit-privacy can invert its generators (Invertible); else it refuses the kind
     options: frozenset[str]  # the GanConfig fields it reads beyond the common ones; others must keep their default
     titles: dict[str, str]  # samples.png's panel title of each role
 
@@ -100,9 +103,8 @@ class GeneratorKind(Protocol):
 
 class SerialKind(GeneratorKind, Protocol):
     """A kind trained once across the nodes in turn rather than per node (cyclic weight transfer, as the
-    generative-replay study trains its VQ-VAE-2)."""
+    generative-replay study trains its VQ-VAE-2): its `trainer` runs the chain over every node of the partition,
+    passing the generator over a transport (serialized bytes, measured as federate's transfers are), before any
+    node's `train` hands that node its share; a trainer with `finish` is told when every node folder is written."""
 
-    def train_serially(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], transport: Transport,
-                       seed: int, device: str) -> dict[str, Trained]:
-        """Train one generator passed from node to node over `transport` (serialized bytes, measured as
-        federate's transfers are), each node training it on its own train split; every node's Trained."""
+    serial: bool

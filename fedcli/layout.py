@@ -21,6 +21,8 @@ GENERATOR_RESEEDED = "generator_reseeded.safetensors"  # the control from anothe
 GENERATOR_TINY = "generator_tiny.safetensors"  # trained long on a tiny subset of the node (--controls)
 GENERATOR_REFERENCE = "generator_reference.safetensors"  # phase 1 without the audit's members (--reference)
 BUFFER = "buffer.safetensors"
+CODES = "codes.safetensors"  # a VQ-VAE-2 node's codes of its training images, with their labels
+SERIAL = ".serial"  # gan/.serial/: a serially trained generator's checkpoint after each institution
 PREDICTIONS = "predictions.safetensors"  # federate: the final models' softmax on their own test sets
 
 

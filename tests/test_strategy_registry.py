@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import copy_exp, tiny_gan_exp
+from conftest import Cli, copy_exp
 from fedcli.artifacts import load_tensors, read_json
 from fedcli.errors import UserError
 from fedcli.fl import stage
@@ -32,8 +32,15 @@ FILES = ("metrics.csv", "bn_statistics.csv", "comm.csv")
 
 @pytest.fixture(scope="module")
 def fl_exp(tmp_path_factory):
-    """Three nodes with tiny GANs and a globally shared set, so that every strategy has what it reads."""
-    return tiny_gan_exp(tmp_path_factory, 3, partition=("--shared-fraction", "0.05"))
+    """Three nodes with a globally shared set and a tiny VQ-VAE-2 trained serially across them (its codes, and a
+    prior's samples as every node's buffer), so that every strategy has what it reads."""
+    exp = tmp_path_factory.mktemp("registry") / "exp"
+    cli = Cli()
+    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--exp", exp, "--shared-fraction", "0.05")
+    cli.ok("train-gan", "--exp", exp, "--generator", "vqvae2", "--iterations", "10", "--batch", "16",
+           "--vq-channels", "8", "--vq-codebook", "8", "--vq-dim", "4", "--prior-iterations", "4", "--prior-channels",
+           "4", "--prior-layers", "1", "--buffer-size", "30", "--fidelity-seeds", "0", "--threads", "1")
+    return exp
 
 
 @pytest.fixture(scope="module")

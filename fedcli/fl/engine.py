@@ -19,6 +19,7 @@ from fedcli.fl.buffer_exchange import BufferExchange
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.evaluator import Evaluator
 from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.node_codec import load_codec
 from fedcli.fl.node_data import NodeData, NodeImages
 from fedcli.fl.strategies import EVAL, REGISTRY, Strategy
 from fedcli.fl.strategies.base import ENSEMBLE
@@ -70,7 +71,8 @@ def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, device: str = "
     """The Federation of one (strategy, fold) run of `cfg`; the engine's parts: `transport`, `local_nodes`
     (default: every node, in process) and `cross_eval`."""
     buffers = buffers or {}
-    data = NodeData(manifest, lambda node: buffers[node], fold, images)
+    data = NodeData(manifest, lambda node: buffers[node], fold, images,
+                    lambda node: load_codec(cfg.exp, manifest, node, ", ".join(cfg.strategy)))
     budget = Budget(epochs=cfg.epochs, init_epochs=cfg.init_epochs_resolved, rounds=cfg.rounds, lr=cfg.lr,
                     batch=cfg.batch, node_batch=cfg.batch_sizes(), lr_schedule=cfg.lr_schedule,
                     lr_step_epochs=cfg.lr_step_epochs, lr_step_factor=cfg.lr_step_factor, optimizer=cfg.optimizer,

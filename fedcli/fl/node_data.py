@@ -44,7 +44,7 @@ class NodeData:
     (model selection); otherwise the train and test splits."""
 
     def __init__(self, manifest: Manifest, buffers: Callable[[str], TensorSource], fold: int | None = None,
-                 images: NodeImages | None = None):
+                 images: NodeImages | None = None, codecs: Callable[[str], object] | None = None):
         self.manifest, self.nodes = manifest, manifest.node_names
         self.num_classes = manifest.num_classes
         self.image_shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])
@@ -56,3 +56,4 @@ class NodeData:
                                 else self.images.get(node, "test", None))
         self.buffers = LazySources(buffers)
         self.shared = LazySources(lambda node: self.images.get(node, "shared", None))  # its part of the shared set
+        self.codecs = LazySources(codecs or (lambda node: None))  # a node's VQ-VAE-2 and codes (fl/node_codec.py)

@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from fedcli import console, events
-from fedcli.artifact_kinds import record_files
+from fedcli.artifact_kinds import file_sha256, record_files
 from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, staged_output, write_csv, \
     write_json
 from fedcli.config import architectures, settled
@@ -27,7 +27,7 @@ from fedcli.fl.transport import Transfer
 from fedcli.models.cuts import check_cut
 from fedcli.replay.buffer import load_buffer_file
 from fedcli.replay.record import read_gan_config
-from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir
+from fedcli.layout import BUFFER, CODES, PREDICTIONS, federate_dir, gan_dir
 from fedcli.names import check_not_reserved
 
 if TYPE_CHECKING:
@@ -133,7 +133,10 @@ def strategy_config(cfg: FederateConfig, manifest: Manifest, name: str, fold: in
     declares (given, or its defaults). `buffer_info`: every node's buffer hash and size, when buffers are used."""
     inputs = {"manifest": manifest.content_hash}
     options = resolved_options(cfg, name)
-    if REGISTRY[name].needs_buffers:
+    if options.get("replay_source") == "codes":  # fl/strategies/code_replay.py: every code unless sized
+        inputs |= {f"codes:{n}": file_sha256(gan_dir(cfg.exp, n) / CODES) for n in manifest.node_names
+                   if (gan_dir(cfg.exp, n) / CODES).is_file()}
+    elif REGISTRY[name].needs_buffers:
         inputs |= {f"buffer:{n}": buffer_info[n]["sha256"] for n in manifest.node_names if n in buffer_info}
         first = buffer_info[manifest.node_names[0]]["size"] if buffer_info else 0
         options["buffer_size"] = cfg.buffer_size if cfg.buffer_size is not None else first

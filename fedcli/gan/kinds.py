@@ -11,6 +11,7 @@ from torch import nn
 from fedcli.artifact_kinds import load_module
 from fedcli.errors import UserError
 from fedcli.gan.stylegan2 import StyleGan2
+from fedcli.gan.vqvae2 import VqVae2Kind
 from fedcli.generators import GeneratorKind
 from fedcli.replay.record import kind_name
 
@@ -45,3 +46,4 @@ def load_generator(folder: Path, filename: str, record: dict, device: str = "cpu
 
 
 register(StyleGan2())
+register(VqVae2Kind())

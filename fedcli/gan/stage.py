@@ -18,7 +18,7 @@ import torch
 from fedcli import console, events
 from fedcli.artifact_kinds import CONFIG, file_record, file_sha256, record_files, stale_inputs
 from fedcli.artifacts import provenance, read_json, save_tensors, staged_output, write_csv, write_json
-from fedcli.config import GanConfig, to_json
+from fedcli.config import GanConfig, settled, to_json
 from fedcli.data.dataset import NodeDataset
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
@@ -32,7 +32,7 @@ from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1
 from fedcli.locking import locked
 from fedcli.progress import StepProgress
 from fedcli.replay.buffer import buffer_metadata, sample_buffer
-from fedcli.replay.record import read_gan_config
+from fedcli.replay.record import kind_name, read_gan_config
 
 ROLE_FILES = {RELEASED: GENERATOR, STANDARD: GENERATOR_PHASE1, CONTROL: GENERATOR_CONTROL}
 COMMON_OPTIONS = frozenset({"exp", "node", "seed", "generator", "truncation", "buffer_size", "fidelity_model",
@@ -86,12 +86,15 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
     for node in nodes:
         check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
     todo = [node for node in nodes if node not in kept]
-    trainer = kind.trainer(cfg, manifest, todo, seed, device) if todo else None
     for node in kept:
         console.out.print(f"node {node}: kept, made by this same configuration before an interruption")
     with events.stage_log(cfg.exp, "train-gan"):  # the FID checks, as they come (gan/progress.py)
-        return [kept[node] if node in kept else train_node(cfg, manifest, kind, trainer, node, seed, device)
-                for node in nodes]
+        trainer = kind.trainer(cfg, manifest, todo, seed, device) if todo else None  # a serial kind trains here
+        summaries = [kept[node] if node in kept else train_node(cfg, manifest, kind, trainer, node, seed, device)
+                     for node in nodes]
+    if hasattr(trainer, "finish"):
+        trainer.finish()
+    return summaries
 
 
 def check_nodes_free(cfg: GanConfig, nodes: list[str]) -> None:
@@ -117,8 +120,8 @@ def finished(cfg: GanConfig, node: str) -> dict | None:
         return None
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
         return None
-    ours = {k: v for k, v in to_json(cfg).items() if k not in RUN_LOCAL}
-    theirs = {k: v for k, v in saved["config"].items() if k not in RUN_LOCAL}
+    ours = settled({k: v for k, v in to_json(cfg).items() if k not in RUN_LOCAL})
+    theirs = settled({k: v for k, v in saved["config"].items() if k not in RUN_LOCAL})
     if ours != theirs or saved.get("files") != record_files(folder) or stale_inputs(folder / CONFIG):
         return None
     return {k: v for k, v in saved.items() if k not in {*provenance("train-gan", {}, 0, {}), "files"}}
@@ -126,7 +129,7 @@ def finished(cfg: GanConfig, node: str) -> dict | None:
 
 def check_options(cfg: GanConfig, kind: GeneratorKind) -> None:
     """Refuse an option changed from its default that the chosen kind does not read."""
-    defaults = GanConfig(exp=cfg.exp)
+    defaults = GanConfig(exp=cfg.exp, dp_epsilon=cfg.dp_epsilon)  # the defaults that depend on DP, as DP is
     foreign = [f.name for f in dataclasses.fields(cfg) if f.name not in COMMON_OPTIONS | kind.options
                and getattr(cfg, f.name) != getattr(defaults, f.name)]
     if foreign:
@@ -188,13 +191,15 @@ def buffer_record(cfg: GanConfig, trained: Trained, folder: Path) -> dict:
 def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, classes: list[int],
                      generators: dict[str, Sampler], buffer: TensorSource, train: TensorSource,
                      device: str) -> dict | None:
-    """The released buffer's fidelity, with the standard generator's and the control's alongside under
-    `phase1` and `control` (the same buffer draws from each); None when --fidelity-seeds is 0."""
+    """The released buffer's fidelity, with every other generator's of the kind alongside under its role (StyleGAN:
+    `phase1` and `control`; VQ-VAE-2 with a prior: `decoded`), the same buffer draws from each; None when
+    --fidelity-seeds is 0."""
     if not cfg.fidelity_seeds:
         return None
     test = NodeDataset(manifest, node, "test")
-    others = {role: TensorSource(*sample_buffer(generators[role], classes, cfg.buffer_size, seed, node, device,
-                                                cfg.truncation)) for role in (STANDARD, CONTROL)}
+    others = {role: TensorSource(*sample_buffer(generator, classes, cfg.buffer_size, seed, node, device,
+                                                cfg.truncation)) for role, generator in generators.items()
+              if role != RELEASED}
     budget = fidelity.config_budget(cfg, manifest)
     with StepProgress("train-gan", f"{node} fidelity score"):  # classifiers to train: a log goes on saying so
         scores = fidelity.score({"released": buffer, **others}, train, TensorSource(test.images, test.labels),
@@ -203,7 +208,7 @@ def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, c
     chance = fidelity.chance_accuracy(test.labels)
     return scores["released"] | {name: scores[name] for name in others} | {
         "test_images": len(test), "classifier": dataclasses.asdict(budget)} | fidelity.shortfalls(
-        scores["released"], scores[CONTROL], chance, len(test))
+        scores["released"], scores.get(CONTROL), chance, len(test))
 
 
 def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str) -> dict:
@@ -211,6 +216,9 @@ def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: s
     fidelity again."""
     folder = gan_dir(cfg.exp, node)
     saved = read_gan_config(cfg.exp, manifest, node)
+    if generator_kind(kind_name(saved)).name != "stylegan2":
+        raise UserError(f"--sample-only re-samples a StyleGAN generator; node {node}'s is a {kind_name(saved)}: re-run "
+                        "fedcli train-gan --overwrite instead")
     if saved.get("buffer", {}).get("decoded"):
         raise UserError(f"node {node}'s buffer is decoded codes of its real images, not samples; re-run fedcli "
                         "train-gan --overwrite instead of --sample-only")

@@ -38,6 +38,7 @@ from fedcli.rng import numpy_stream, stream_seed, torch_stream
 
 class StyleGan2:
     name = "stylegan2"
+    projectable = True  # audit-privacy inverts it (fedcli/generators.py Invertible)
     options = frozenset({
         "iterations", "patience", "pp_iterations", "fid_every", "fid_images", "fid_factor", "alpha", "privacy_loss",
         "privacy_scale", "batch", "lr", "r1_gamma", "ada_target", "ada_kimg", "ema_kimg", "style_mixing", "z_dim",

@@ -32,6 +32,7 @@ from fedcli.config import LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.fl.federate_config import FederateConfig, inapplicable, resolved_options
 from fedcli.fl.strategies import REGISTRY
+from fedcli.gan.kinds import generator_kind
 from fedcli.locking import locked
 from fedcli.pipeline.ledger import Ledger, fingerprint
 from fedcli.pipeline.recipe import NOT_FINGERPRINTED, Point, Recipe
@@ -90,6 +91,10 @@ class Runner:
             fp = fingerprint(f"federate:{strategy}", federate_key(cfg), upstream + select_fps)
             self.unit(folder, point.name, f"federate {strategy}", fp, f"federate/{strategy}",
                       lambda cfg=cfg: federate_run(cfg))
+        if not generator_kind(gan.generator).projectable:  # audit-privacy inverts GAN generators only
+            console.out.print(f"{point.name + ': ' if point.name else ''}audit-privacy: not run, a {gan.generator} "
+                              "generator has no latent to project", soft_wrap=True)
+            return
         a_fp = fingerprint("audit-privacy", plain(audit), [p_fp, g_fp])
         self.unit(folder, point.name, "audit-privacy", a_fp, "audit", lambda: stage_run("fedcli.audit.stage", audit))
 

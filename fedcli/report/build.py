@@ -87,7 +87,7 @@ def run(cfg: ReportConfig) -> Report:
         w.table(study.gan_summary(first))
         for node in first[0].gan_nodes:
             w.copy_figure(first[0].folder / "gan" / node / "samples.png", f"gan_{node}.png",
-                          f"Node {node}: samples of the standard, privacy-preserving and control generators")
+                          f"Node {node}: samples of its generators")
         headline = None
         for label, reps in groups.items():
             w.lines += [f"## Federated learning{f' ({label})' if label else ''}", ""]

@@ -592,6 +592,8 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
     gans = [g for s in subs for g in s.gans]
     if not gans:
         return Missing(title, "fedcli train-gan")
+    if all("serial" in g for g in gans):
+        return vqvae2_summary(subs, gans)
     standalone = [own_scores(run.metrics, "accuracy") for s in subs if (run := s.run("standalone")) is not None]
     rows = {}
     for node in dict.fromkeys(g["node"] for g in gans):
@@ -640,6 +642,40 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
     if settings:
         note += " " + settings_note(settings, gans[0]["config"], gans[0]["buffer"].get("truncation", 1.0))
     return ReportTable("gan_summary", title, pd.DataFrame(rows).T, note, rows_are="node")
+
+
+def vqvae2_summary(subs: list[SubExperiment], gans: list[dict]) -> Built:
+    """The VQ-VAE-2 kind's nodes: where each stood in the serial chain, its codes, and the fidelity of its buffer
+    and of its decoded codes, saying which buffers are reconstructions of real patients."""
+    standalone = [own_scores(run.metrics, "accuracy") for s in subs if (run := s.run("standalone")) is not None]
+    rows = {}
+    for node in dict.fromkeys(g["node"] for g in gans):
+        mine = [g for g in gans if g["node"] == node]
+        rows[node] = {"chain position": str(mine[0]["serial"]["position"]),
+                      "reconstruction MSE": Stat.of([g["codes"]["reconstruction_mse"] for g in mine]),
+                      "perplexity top": Stat.of([g["codes"]["perplexity_top"] for g in mine]),
+                      "perplexity bottom": Stat.of([g["codes"]["perplexity_bottom"] for g in mine]),
+                      "buffer": f"{mine[0]['buffer']['size']} {mine[0]['buffer_kind']}"}
+        scored = [g["fidelity"] for g in mine if g.get("fidelity")]
+        if scored:
+            rows[node] |= {"fidelity ratio": Stat.of([f["ratio"] for f in scored]),
+                           "ratio decoded codes": Stat.of([f.get("decoded", f)["ratio"] for f in scored]),
+                           "real acc": Stat.of([f["real_accuracy"] for f in scored]),
+                           "class fidelity": Stat.of([f["class_fidelity"] for f in scored])}
+        if standalone:
+            rows[node]["standalone acc"] = Stat.of([sc.get(node) for sc in standalone])
+    decoded = sorted({g["node"] for g in gans if g["buffer_kind"] == "decoded codes"})
+    note = ("VQ-VAE-2 (train-gan --generator vqvae2), trained serially across the nodes in the chain's order; "
+            "reconstruction MSE: the final decoder's on the node's codes against its real training images ([-1, 1] "
+            "units); perplexity: how many codes its codes use, as if equally. Fidelity ratio: as for GAN buffers, "
+            "the federate classifier trained on the released buffer over one trained on real images, both tested "
+            "on the node's real test images; ratio decoded codes: the same for decoded codes of the node's images. "
+            "Codes of real images, decoded, are reconstructions of real patients' images: any replay of codes "
+            "(cwt-replay, fedavg-replay) hands them to every node.")
+    if decoded:
+        note += (f" The buffers of {', '.join(decoded)} are decoded codes (no prior was trained): reconstructions of "
+                 "real patients, not synthetic images.")
+    return ReportTable("gan_summary", "VQ-VAE-2 summary per node", pd.DataFrame(rows).T, note, rows_are="node")
 
 
 def phase1_kept(phase1: dict) -> str:
@@ -723,18 +759,32 @@ def skew_table(subs: list[SubExperiment], metric: str) -> Built:
     if len(groups) < 2:
         return Missing(title, "partitions at several --scheme skew --ks levels (a [sweep] over partition.ks)")
     present = {r.strategy for s in subs for r in s.runs}
-    strategies = [name for name in REGISTRY.names() if name in present]
+    columns = [column for name in REGISTRY.names() if name in present for column in replay_variants(subs, name)]
     rows = {}
     for ks, reps in groups.items():
         nodes = nodes_of(reps)
         rows[f"KS {ks:g}"] = {"reached": Stat.of([s.manifest["statistics"]["label_skew_tv"] for s in reps]),
-                              **{name: seed_interval(performance_cells(distinct(reps, name), name, metric,
-                                                                       nodes)["mean"]) for name in strategies}}
+                              **{label: seed_interval(performance_cells(distinct(
+                                  [s for s in reps if s.run(name) and source_of(s.run(name)) == source], name),
+                                  name, metric, nodes)["mean"]) for label, name, source in columns}}
     return ReportTable("label_skew", title, pd.DataFrame(rows).T,
                        f"{metric}, mean over nodes of each method's final model on each node's own test set (a "
                        "shared model on every node's): the mean over seeds and its 95% t-interval [low, high] (one "
                        "seed: the mean alone); reached: the partition's mean pairwise KS (total variation for more "
                        "than two classes), mean ± std", lower_is_better=metric in LOWER_IS_BETTER, rows_are="skew")
+
+
+def source_of(run) -> str | None:
+    return run.config.get("replay_source")
+
+
+def replay_variants(subs: list[SubExperiment], name: str) -> list[tuple[str, str, str | None]]:
+    """(column, strategy, replay source) of `name`: one column, or one per --replay-source a sweep ran it with
+    (`cwt-replay [buffers]`)."""
+    sources = list(dict.fromkeys(source_of(run) for s in subs if (run := s.run(name)) is not None))
+    if len(sources) < 2:
+        return [(name, name, sources[0] if sources else None)]
+    return [(f"{name} [{source}]", name, source) for source in sources]
 
 
 def seed_interval(stat: Stat) -> str:

@@ -43,6 +43,26 @@ def gan_table(summaries: list[dict]) -> Table:
     return table
 
 
+def vqvae2_table(summaries: list[dict]) -> Table:
+    """Per node: its place in the serial chain, the bytes it received, its codes (usage, the final decoder's
+    reconstruction error) and its buffer, with the fidelity of the buffer and of the decoded codes when scored."""
+    scored = any(s.get("fidelity") for s in summaries)
+    table = Table(title="train-gan (vqvae2, serial)")
+    columns = ["node", "images", "position", "received", "perplexity top", "perplexity bottom", "recon MSE", "buffer"]
+    for column in columns + (["ratio", "ratio decoded"] if scored else []):
+        table.add_column(column, justify="left" if column in ("node", "buffer") else "right")
+    for s in summaries:
+        codes, f = s["codes"], s.get("fidelity")
+        cells = [s["node"], str(s["train_images"]), str(s["serial"]["position"]),
+                 f"{s['serial']['bytes_received'] / 1e6:.2f} MB", f"{codes['perplexity_top']:.1f}",
+                 f"{codes['perplexity_bottom']:.1f}", f"{codes['reconstruction_mse']:.4f}",
+                 f"{s['buffer']['size']} {s['buffer_kind']}"]
+        if scored:
+            cells += [f"{f['ratio']:.3f}", f"{f.get('decoded', f)['ratio']:.3f}"] if f else ["-", "-"]
+        table.add_row(*cells)
+    return table
+
+
 def phase1_kept(phase1: dict) -> str:
     """The kept snapshot's iteration of those run."""
     return f"{phase1.get('best_iteration', '?')}/{phase1['iterations']}"

@@ -1,0 +1,96 @@
+"""The VQ-VAE-2 kind against bare PyTorch loops of the same networks, in one run.
+
+1. Training: fedcli's `train_vqvae` (keyed batches, EMA codebooks with dead-code restarts, the per-step log of
+   losses, perplexities and restarts) against a bare loop over the same network from the same initial weights
+   (the same batches from a plain permutation, the same loss and Adam, the codebooks' EMA update without
+   restarts and no log). 32 px, the kind's defaults (64 feature maps, codebooks of 64 x 32), batch 32, 60 steps.
+2. Sampling: `VqGenerator.sample` (both priors position by position from a keyed stream, then the decoder)
+   against a bare loop over the same priors and decoder (softmax and torch.multinomial on the same device, no
+   keyed stream), 64 images of two classes, priors of 64 channels and 4 layers.
+One thread; best of 3; ratio = fedcli / bare (goal: at most 1.10).
+Run: .venv/bin/python bench/vqvae2_step.py
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.nn.functional as F
+
+from fedcli.config import GanConfig
+from fedcli.gan.code_prior import PriorArchitecture
+from fedcli.gan.vqvae2 import VqGenerator, train_vqvae
+from fedcli.gan.vqvae2_networks import VqArchitecture, VqVae2, loss
+from fedcli.rng import torch_stream
+
+REPEATS = 3
+STEPS = 60
+
+
+def best_of(fn) -> float:
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def training() -> tuple[float, float]:
+    arch = VqArchitecture(resolution=32, channels=1, num_classes=2)
+    torch.manual_seed(0)
+    initial = VqVae2(arch)
+    images = torch.rand(640, 1, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    cfg = GanConfig(exp=".", generator="vqvae2", iterations=STEPS, batch=32)
+
+    def ours():
+        train_vqvae(copy.deepcopy(initial), images, cfg, torch_stream(0, "bench"), "cpu", lambda row: None)
+
+    def bare():
+        model = copy.deepcopy(initial).train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.vq_lr)
+        order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
+        for step in range(STEPS):
+            start = step * 32 % len(images)
+            total, _, _ = loss(model, images[order[start:start + 32]], cfg.vq_beta)
+            optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            optimizer.step()
+
+    return best_of(ours), best_of(bare)
+
+
+def sampling() -> tuple[float, float]:
+    arch = VqArchitecture(resolution=32, channels=1, num_classes=2)
+    torch.manual_seed(0)
+    generator = VqGenerator(arch, PriorArchitecture(codes=arch.codes, num_classes=2)).eval()
+    labels = torch.arange(64) % 2
+
+    def ours():
+        generator.sample(labels, torch_stream(0, "bench-sample"))
+
+    @torch.no_grad()
+    def bare():
+        def draw(prior, side, top=None):
+            codes = torch.zeros(len(labels), side, side, dtype=torch.long)
+            for i in range(side):
+                for j in range(side):
+                    codes[:, i, j] = torch.multinomial(F.softmax(prior(codes, labels, top)[:, :, i, j], 1), 1)[:, 0]
+            return codes
+        top = draw(generator.prior_top, arch.top_side)
+        generator.vqvae.decode(top, draw(generator.prior_bottom, arch.bottom_side, top))
+
+    return best_of(ours), best_of(bare)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    for name, (ours, bare) in (("training", training()), ("sampling", sampling())):
+        what = f"{STEPS} steps of batch 32" if name == "training" else "64 prior samples"
+        print(f"{name:9s} {what}: fedcli {ours:.3f} s, bare PyTorch {bare:.3f} s, ratio {ours / bare:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

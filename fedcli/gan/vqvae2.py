@@ -1,0 +1,364 @@
+"""The VQ-VAE-2 generator kind (`train-gan --generator vqvae2`): the generative-replay study's auxiliary
+generator (Qu et al. 2022, Algorithm 1's first round), always trained serially across the nodes.
+
+At institution k (the partition's order) the VQ-VAE-2 it received decodes the codes shared so far into the
+replayed images x^r = D_old(e); it trains on x_U = x^r + its own images for --iterations steps, both levels on
+x_U (the paper's text trains the bottom level on x_k alone; a bottom level that never sees x^r would
+reconstruct it worse at every later step, so fedcli trains both on x_U, as its loss over x_U reads), with
+loss ||x - D(e)||^2 + beta ||sg[e] - E(x)||^2 and EMA codebooks (vq.py), from a fresh Adam (only weights
+travel). Then it encodes its own images, and sends its weights and the codes with labels on.
+
+Algorithm 1 leaves two things open; fedcli's choices:
+- Earlier institutions' codes are re-encoded by the updated encoder: at institution k, the codes of j < k
+  become E_k(x^r_j), so every code the chain hands on indexes the codebook it travels with. (Kept as they were,
+  old codes would index codebook entries that have since moved.)
+- So the final decoder decodes every code: the last institution re-encodes all earlier codes and returns to
+  each node the final VQ-VAE-2 and its codes (fedcli/gan/stage.py writes them in the node's folder).
+
+Each node then trains its own class-conditional prior on its codes (--prior-iterations; 0: none); its buffer
+is the prior's samples (synthetic), or without a prior its decoded codes (reconstructions of its real images).
+The chain travels over fedcli's in-process transport (serialized bytes, recorded per node) and is resumable
+after each institution (gan/.serial/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+
+from fedcli import console
+from fedcli.artifacts import parse_tensors, save_tensors
+from fedcli.config import GanConfig, to_json
+from fedcli.data.dataset import NodeDataset, to_float
+from fedcli.data.manifest import Manifest
+from fedcli.errors import UserError
+from fedcli.fl.payloads import decode_model, encode_model
+from fedcli.fl.transport import InProcessTransport, Transport
+from fedcli.gan.code_prior import CodePrior, PriorArchitecture
+from fedcli.gan.vq import perplexity
+from fedcli.gan.vqvae2_networks import VqArchitecture, VqVae2, loss
+from fedcli.generators import RELEASED, Trained
+from fedcli.layout import CODES, GENERATOR, SERIAL, inside
+from fedcli.replay.buffer import to_uint8
+from fedcli.replay.codes import CodeShape, NodeCodes, decode_codes, encode_codes, from_tensors
+from fedcli.progress import StepProgress
+from fedcli.rng import stream_seed, torch_stream
+
+DECODED = "decoded"  # the role of the sampler of decoded codes, beside a prior's samples
+
+
+class VqGenerator(nn.Module):
+    """A node's VQ-VAE-2 and, when trained, its priors: a Sampler of prior samples, and a Codec."""
+
+    def __init__(self, arch: VqArchitecture, prior: PriorArchitecture | None):
+        super().__init__()
+        self.vqvae = VqVae2(arch)
+        self.prior_top = CodePrior(prior) if prior else None
+        self.prior_bottom = CodePrior(dataclasses.replace(prior, condition_codes=arch.codes)) if prior else None
+
+    def encode(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.vqvae.encode(images)
+
+    def decode(self, top: torch.Tensor, bottom: torch.Tensor) -> torch.Tensor:
+        return self.vqvae.decode(top, bottom)
+
+    @torch.no_grad()
+    def sample(self, labels: torch.Tensor, stream: torch.Generator, truncation: float = 1.0) -> torch.Tensor:
+        """Codes of `labels` from the priors, decoded (truncation has no meaning here and is ignored)."""
+        arch = self.vqvae.arch
+        top = self.prior_top.sample(labels, arch.top_side, stream)
+        bottom = self.prior_bottom.sample(labels, arch.bottom_side, stream, top)
+        return self.decode(top, bottom)
+
+
+class CodeSampler:
+    """Decoded codes of a node's real images, drawn per label from its codes by the caller's stream: the
+    Sampler of a buffer of reconstructions."""
+
+    def __init__(self, generator: VqGenerator, codes: NodeCodes):
+        self.generator, self.codes = generator, codes
+
+    @torch.no_grad()
+    def sample(self, labels: torch.Tensor, stream: torch.Generator, truncation: float = 1.0) -> torch.Tensor:
+        index = []
+        for label in labels.tolist():
+            pool = (self.codes.labels == label).nonzero().flatten()
+            index.append(int(pool[torch.randint(len(pool), (), generator=stream)]))
+        device = labels.device
+        return self.generator.decode(self.codes.top[index].to(device), self.codes.bottom[index].to(device))
+
+
+def code_shape(arch: VqArchitecture) -> CodeShape:
+    return CodeShape(arch.top_side, arch.bottom_side, arch.codes, arch.num_classes)
+
+
+def architecture(cfg: GanConfig, manifest: Manifest) -> VqArchitecture:
+    try:
+        return VqArchitecture(resolution=manifest["image_size"], channels=manifest["channels"],
+                              num_classes=manifest.num_classes, hidden=cfg.vq_channels, codes=cfg.vq_codebook,
+                              dim=cfg.vq_dim, decay=cfg.vq_decay)
+    except ValueError as exc:
+        raise UserError(f"the partition's image size cannot be a VQ-VAE-2's ({exc}); re-run fedcli partition with "
+                        "--image-size 16, 24, 32, ..., 256") from exc
+
+
+def prior_architecture(cfg: GanConfig, arch: VqArchitecture) -> PriorArchitecture | None:
+    if not cfg.prior_iterations:
+        return None
+    return PriorArchitecture(codes=arch.codes, num_classes=arch.num_classes, channels=cfg.prior_channels,
+                             layers=cfg.prior_layers)
+
+
+class VqVae2Kind:
+    name = "vqvae2"
+    projectable = False  # no latent to project: audit-privacy refuses it
+    options = frozenset({"iterations", "batch", "dp_epsilon", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim",
+                         "vq_channels", "prior_iterations", "prior_channels", "prior_layers"})
+    titles = {RELEASED: "released buffer: prior samples (decoded codes without a prior)",
+              DECODED: "decoded codes of its real images"}
+    serial = True
+
+    def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
+                device: str) -> SerialTraining:
+        if cfg.node:
+            raise UserError(f"--node {cfg.node}: a vqvae2 generator trains serially across every node in turn "
+                            "(Algorithm 1); drop --node")
+        if cfg.private:
+            raise UserError("--dp-epsilon with --generator vqvae2: its codes are encodings of real images, which no "
+                            "DP guarantee covers, and a DP VQ-VAE-2 (releasing prior samples only) is not built; use "
+                            "--generator stylegan2 for a DP buffer")
+        arch = architecture(cfg, manifest)
+        return SerialTraining(cfg, manifest, list(manifest.node_names), seed, device, arch,
+                              prior_architecture(cfg, arch))
+
+    def build(self, record: dict) -> VqGenerator:
+        prior = record.get("prior_architecture")
+        return VqGenerator(VqArchitecture(**record["architecture"]), PriorArchitecture(**prior) if prior else None)
+
+    def image_size(self, record: dict) -> int:
+        return record["architecture"]["resolution"]
+
+    def latent_sizes(self, record: dict) -> tuple[int, int]:
+        raise UserError("a vqvae2 generator has no latent to project; audit-privacy audits GAN generators")
+
+
+def batches(n: int, batch: int, steps: int, stream: torch.Generator):
+    """`steps` index batches of at most `batch`, epochs of keyed permutations without replacement."""
+    order = torch.empty(0, dtype=torch.long)
+    for _ in range(steps):
+        while len(order) < min(batch, n):
+            order = torch.cat([order, torch.randperm(n, generator=stream)])
+        yield order[:batch]
+        order = order[batch:]
+
+
+def train_vqvae(model: VqVae2, images: torch.Tensor, cfg: GanConfig, stream: torch.Generator, device: str,
+                log) -> None:
+    """--iterations Adam steps on `images` (float [-1, 1]), batches and dead-code restarts from `stream`."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.vq_lr)
+    model.train()
+    for i, index in enumerate(batches(len(images), cfg.batch, cfg.iterations, stream), 1):
+        total, parts, (top, bottom) = loss(model, images[index].to(device), cfg.vq_beta, stream)
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        optimizer.step()
+        log({"iteration": i, **parts, "perplexity_top": perplexity(top, model.arch.codes),
+             "perplexity_bottom": perplexity(bottom, model.arch.codes),
+             "restarted": model.quant_t.restarted + model.quant_b.restarted})
+    model.eval()
+
+
+def encode_all(model: VqVae2, images: torch.Tensor, labels: torch.Tensor, device: str) -> NodeCodes:
+    tops, bottoms = [], []
+    for start in range(0, len(images), 256):
+        top, bottom = model.encode(images[start:start + 256].to(device))
+        tops.append(top.cpu())
+        bottoms.append(bottom.cpu())
+    return NodeCodes(torch.cat(tops), torch.cat(bottoms), labels.clone())
+
+
+def decode_all(model: VqVae2, codes: NodeCodes, device: str) -> torch.Tensor:
+    return torch.cat([model.decode(codes.top[s:s + 256].to(device), codes.bottom[s:s + 256].to(device)).cpu()
+                      for s in range(0, len(codes), 256)]) if len(codes) else torch.empty(0)
+
+
+def train_prior(generator: VqGenerator, codes: NodeCodes, cfg: GanConfig, stream: torch.Generator, device: str,
+                log) -> None:
+    """--prior-iterations Adam steps of both priors on the node's codes (lr --vq-lr, batch --batch)."""
+    priors = [generator.prior_top, generator.prior_bottom]
+    optimizer = torch.optim.Adam([p for prior in priors for p in prior.parameters()], lr=cfg.vq_lr)
+    for i, index in enumerate(batches(len(codes), cfg.batch, cfg.prior_iterations, stream), 1):
+        top, bottom, labels = (t[index].to(device) for t in (codes.top, codes.bottom, codes.labels))
+        nll_top = generator.prior_top.nll(top, labels)
+        nll_bottom = generator.prior_bottom.nll(bottom, labels, top)
+        optimizer.zero_grad(set_to_none=True)
+        (nll_top + nll_bottom).backward()
+        optimizer.step()
+        log({"phase": "prior", "iteration": i, "nll_top": nll_top.item(), "nll_bottom": nll_bottom.item()})
+    generator.eval()
+
+
+@dataclasses.dataclass
+class Held:
+    """What the institution the chain has reached holds: the VQ-VAE-2 and every earlier institution's codes."""
+
+    model: VqVae2
+    codes: dict[str, NodeCodes]
+
+
+@dataclasses.dataclass
+class SerialTraining:
+    """The chain across the nodes, run once when built (resuming from gan/.serial/), then each node's Trained."""
+
+    cfg: GanConfig
+    manifest: Manifest
+    nodes: list[str]
+    seed: int
+    device: str
+    arch: VqArchitecture
+    prior: PriorArchitecture | None
+
+    def __post_init__(self) -> None:
+        self.folder = inside(self.cfg.exp, "gan", SERIAL)
+        self.rows: dict[str, list[dict]] = {node: [] for node in self.nodes}
+        self.seen: dict[str, dict] = {}
+        self.transport = InProcessTransport()
+        self.final = self.chain()
+
+    # -- the chain ------------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """What decides the chain's numbers: the config less where and how fast, the seed and the partition."""
+        config = {k: v for k, v in to_json(self.cfg).items() if k not in {"exp", "node", "overwrite", "threads",
+                                                                         "device", "buffer_size", "fidelity_seeds"}}
+        text = json.dumps([config, self.seed, self.manifest.content_hash, self.nodes], sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def chain(self) -> Held:
+        held, start = self.resume()
+        for k in range(start, len(self.nodes)):
+            node = self.nodes[k]
+            if k > 0:
+                held = self.hand_over(k, held)
+            held = self.visit(k, node, held)
+            self.checkpoint(k, held)
+        return held
+
+    def hand_over(self, k: int, held: Held) -> Held:
+        """Institution k-1 sends its weights and the codes so far to institution k."""
+        before, node = self.nodes[k - 1], self.nodes[k]
+        self.transport.send(k, before, node, "model", encode_model(held.model.state_dict()))
+        self.transport.send(k, before, node, "codes", encode_codes(held.codes))
+        model = VqVae2(self.arch).to(self.device)
+        model.load_state_dict(decode_model(self.transport.receive(k, before, node, "model"), model.state_dict()))
+        codes = decode_codes(self.transport.receive(k, before, node, "codes"), code_shape(self.arch))
+        return Held(model, codes)
+
+    def visit(self, k: int, node: str, held: Held | None) -> Held:
+        """Train on the decoded earlier codes and the node's own images; re-encode both."""
+        data = NodeDataset(self.manifest, node, "train")
+        if held is None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(stream_seed(self.seed, "vqvae2-init"))
+                held = Held(VqVae2(self.arch).to(self.device), {})
+        replayed = {j: decode_all(held.model, codes, self.device) for j, codes in held.codes.items()}
+        own = to_float(data.images)
+        self.seen[node] = {"position": k + 1, "own": len(own), "replayed": {j: len(x) for j, x in replayed.items()}}
+        images = torch.cat([*replayed.values(), own]) if replayed else own
+        stream = torch_stream(self.seed, node, "vqvae2-train")
+        with StepProgress("train-gan", f"{node} VQ-VAE-2 ({k + 1} of {len(self.nodes)})"):
+            train_vqvae(held.model, images, self.cfg, stream, self.device,
+                        lambda row: self.rows[node].append({"phase": "vqvae", **row}))
+        codes = {j: encode_all(held.model, replayed[j], held.codes[j].labels, self.device) for j in held.codes}
+        codes[node] = encode_all(held.model, own, data.labels, self.device)
+        return Held(held.model, codes)
+
+    # -- resuming -------------------------------------------------------------------------
+    def checkpoint(self, k: int, held: Held) -> None:
+        tensors = {f"model.{key}": v.detach().cpu() for key, v in held.model.state_dict().items()}
+        for node, codes in held.codes.items():
+            tensors |= {f"codes.{node}.{key}": v for key, v in codes.tensors().items()}
+        metadata = {"fingerprint": self.fingerprint(), "institution": str(k), "node": self.nodes[k],
+                    "seen": json.dumps(self.seen), "rows": json.dumps(self.rows)}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        save_tensors(self.folder / f"after-{k}.safetensors", tensors, metadata)
+        for older in self.folder.glob("after-*.safetensors"):
+            if older.name != f"after-{k}.safetensors":
+                older.unlink()
+
+    def resume(self) -> tuple[Held | None, int]:
+        """The chain after the latest checkpointed institution of this same configuration, else the start."""
+        found = sorted(self.folder.glob("after-*.safetensors")) if self.folder.is_dir() else []
+        for path in found:
+            try:
+                tensors, metadata = parse_tensors(path.read_bytes())
+            except ValueError:  # cut short by an interruption: an earlier institution's is gone, so start over
+                continue
+            if metadata.get("fingerprint") != self.fingerprint():
+                continue
+            k = int(metadata["institution"])
+            model = VqVae2(self.arch).to(self.device)
+            model.load_state_dict({key[6:]: v.to(self.device) for key, v in tensors.items() if key.startswith("model.")})
+            codes = {node: from_tensors(tensors, f"codes.{node}.") for node in self.nodes[:k + 1]}
+            self.seen, self.rows = json.loads(metadata["seen"]), json.loads(metadata["rows"])
+            console.out.print(f"vqvae2: resuming the serial training after {self.nodes[k]} "
+                              f"({k + 1} of {len(self.nodes)})")
+            return Held(model, codes), k + 1
+        return None, 0
+
+    def finish(self) -> None:
+        """The node folders are written: the checkpoints are no longer needed."""
+        for path in self.folder.glob("after-*.safetensors") if self.folder.is_dir() else []:
+            path.unlink()
+        if self.folder.is_dir() and not any(self.folder.iterdir()):
+            self.folder.rmdir()
+
+    # -- each node's share ----------------------------------------------------------------
+    def train(self, node: str, data: NodeDataset) -> Trained:
+        """The final VQ-VAE-2 and the node's codes, returned to it by the last institution; its prior."""
+        last = self.nodes[-1]
+        generator = VqGenerator(self.arch, self.prior).to(self.device)
+        model_bytes = encode_model(self.final.model.state_dict())
+        codes_bytes = encode_codes({node: self.final.codes[node]})
+        if node != last:
+            self.transport.send(len(self.nodes), last, node, "model", model_bytes)
+            self.transport.send(len(self.nodes), last, node, "codes", codes_bytes)
+            model_bytes = self.transport.receive(len(self.nodes), last, node, "model")
+            codes_bytes = self.transport.receive(len(self.nodes), last, node, "codes")
+        generator.vqvae.load_state_dict(decode_model(model_bytes, generator.vqvae.state_dict()))
+        codes = decode_codes(codes_bytes, code_shape(self.arch))[node]
+        rows = list(self.rows[node])
+        if self.prior:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(stream_seed(self.seed, node, "prior-init"))
+                fresh = VqGenerator(self.arch, self.prior)
+            generator.prior_top.load_state_dict(fresh.prior_top.state_dict())
+            generator.prior_bottom.load_state_dict(fresh.prior_bottom.state_dict())
+            with StepProgress("train-gan", f"{node} prior"):
+                train_prior(generator, codes, self.cfg, torch_stream(self.seed, node, "prior-train"), self.device,
+                            rows.append)
+        generator.eval()
+        decoded = CodeSampler(generator, codes)
+        generators = {RELEASED: generator, DECODED: decoded} if self.prior else {RELEASED: decoded}
+        reconstruction = decode_all(generator.vqvae, codes, self.device)
+        buffer = None if self.prior else (to_uint8(reconstruction), codes.labels.clone())
+        mse = float(((reconstruction - to_float(data.images)) ** 2).mean()) if len(codes) else float("nan")
+        meta = {"node": node, "manifest": self.manifest.content_hash}
+        files = {GENERATOR: ({k: v.detach().cpu() for k, v in generator.state_dict().items()}, meta),
+                 CODES: (codes.tensors(), meta)}
+        received = sum(t.bytes for t in self.transport.transfers if t.receiver == node)
+        sent = sum(t.bytes for t in self.transport.transfers if t.sender == node)
+        record = {"architecture": dataclasses.asdict(self.arch), "device": self.device, "train_images": len(data),
+                  "prior_architecture": dataclasses.asdict(self.prior) if self.prior else None,
+                  "serial": {"order": self.nodes, **self.seen[node], "bytes_received": received, "bytes_sent": sent},
+                  "codes": {"images": len(codes), "perplexity_top": perplexity(codes.top, self.arch.codes),
+                            "perplexity_bottom": perplexity(codes.bottom, self.arch.codes),
+                            "reconstruction_mse": mse},
+                  "buffer_kind": "prior samples" if self.prior else "decoded codes"}
+        return Trained(generators, files, pd.DataFrame(rows), record, decoded=buffer)

@@ -1,0 +1,126 @@
+"""The VQ-VAE-2 (Razavi et al. 2019): two levels of codes, the bottom at 1/4 of the image side and the top at
+1/8 (at 256 px the generative-replay study's 64x64 and 32x32), each quantised with an EMA codebook
+(fedcli/gan/vq.py). The top level sees the bottom encoder's features; the bottom level quantises them together
+with the top's decoding, so the top carries global structure and the bottom the detail the top leaves out.
+The decoder reads both (the top's codes upsampled). The network is not class-conditional: the labels travel
+beside the codes, and the prior (fedcli/gan/code_prior.py) is what draws codes of a class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedcli.gan.vq import Quantizer
+
+
+@dataclasses.dataclass(frozen=True)
+class VqArchitecture:
+    resolution: int
+    channels: int
+    num_classes: int
+    hidden: int = 64  # feature maps of the encoders and decoders
+    codes: int = 64  # entries of each level's codebook
+    dim: int = 32  # a code vector's size
+    res_blocks: int = 2
+    decay: float = 0.99
+
+    def __post_init__(self) -> None:
+        if self.resolution < 16 or self.resolution % 8:
+            raise ValueError(f"{self.resolution} px is not a multiple of 8 of at least 16")
+
+    @property
+    def bottom_side(self) -> int:
+        return self.resolution // 4
+
+    @property
+    def top_side(self) -> int:
+        return self.resolution // 8
+
+
+class ResBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.body = nn.Sequential(nn.ReLU(), nn.Conv2d(channels, channels // 2, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(channels // 2, channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+def encoder(in_channels: int, hidden: int, blocks: int, stride: int) -> nn.Sequential:
+    """Down by `stride` (4 or 2), then residual blocks."""
+    if stride == 4:
+        down = [nn.Conv2d(in_channels, hidden // 2, 4, 2, 1), nn.ReLU(), nn.Conv2d(hidden // 2, hidden, 4, 2, 1),
+                nn.ReLU(), nn.Conv2d(hidden, hidden, 3, padding=1)]
+    else:
+        down = [nn.Conv2d(in_channels, hidden // 2, 4, 2, 1), nn.ReLU(), nn.Conv2d(hidden // 2, hidden, 3, padding=1)]
+    return nn.Sequential(*down, *(ResBlock(hidden) for _ in range(blocks)), nn.ReLU())
+
+
+def decoder(in_channels: int, out_channels: int, hidden: int, blocks: int, stride: int) -> nn.Sequential:
+    """Residual blocks, then up by `stride` (4 or 2)."""
+    if stride == 4:
+        up = [nn.ConvTranspose2d(hidden, hidden // 2, 4, 2, 1), nn.ReLU(),
+              nn.ConvTranspose2d(hidden // 2, out_channels, 4, 2, 1)]
+    else:
+        up = [nn.ConvTranspose2d(hidden, out_channels, 4, 2, 1)]
+    return nn.Sequential(nn.Conv2d(in_channels, hidden, 3, padding=1), *(ResBlock(hidden) for _ in range(blocks)),
+                         nn.ReLU(), *up)
+
+
+class VqVae2(nn.Module):
+    def __init__(self, arch: VqArchitecture):
+        super().__init__()
+        self.arch = arch
+        h, d, r = arch.hidden, arch.dim, arch.res_blocks
+        self.enc_b = encoder(arch.channels, h, r, 4)
+        self.enc_t = encoder(h, h, r, 2)
+        self.to_top = nn.Conv2d(h, d, 1)
+        self.quant_t = Quantizer(d, arch.codes, arch.decay)
+        self.dec_t = decoder(d, d, h, r, 2)
+        self.to_bottom = nn.Conv2d(h + d, d, 1)
+        self.quant_b = Quantizer(d, arch.codes, arch.decay)
+        self.up_t = nn.ConvTranspose2d(d, d, 4, 2, 1)
+        self.dec = decoder(2 * d, arch.channels, h, r, 4)
+
+    def forward(self, x: torch.Tensor, stream: torch.Generator | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x in [-1, 1] -> (reconstruction, both levels' commitment loss summed, (top codes, bottom codes))."""
+        q_t, q_b, commitment, codes = self.quantise(x, stream)
+        return self.decode_vectors(q_t, q_b), commitment, codes
+
+    def quantise(self, x: torch.Tensor, stream: torch.Generator | None = None):
+        h_b = self.enc_b(x)
+        h_t = self.enc_t(h_b)
+        q_t, codes_t, commit_t = self.quant_t(self.to_top(h_t), stream)
+        q_b, codes_b, commit_b = self.quant_b(self.to_bottom(torch.cat([h_b, self.dec_t(q_t)], 1)), stream)
+        return q_t, q_b, commit_t + commit_b, (codes_t, codes_b)
+
+    def decode_vectors(self, q_t: torch.Tensor, q_b: torch.Tensor) -> torch.Tensor:
+        return self.dec(torch.cat([self.up_t(q_t), q_b], 1))
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images in [-1, 1] -> (top codes, bottom codes), in eval mode (the codebook does not move)."""
+        training = self.training
+        self.eval()
+        _, _, _, codes = self.quantise(images)
+        self.train(training)
+        return codes
+
+    @torch.no_grad()
+    def decode(self, top: torch.Tensor, bottom: torch.Tensor) -> torch.Tensor:
+        """Codes -> images in [-1, 1]."""
+        return self.decode_vectors(self.quant_t.lookup(top), self.quant_b.lookup(bottom)).clamp(-1, 1)
+
+
+def loss(model: VqVae2, x: torch.Tensor, beta: float, stream: torch.Generator | None = None
+         ) -> tuple[torch.Tensor, dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
+    """||x - D(e)||^2 + beta ||sg[e] - E(x)||^2 (the codebook term is the EMA update), its parts, and the codes."""
+    reconstruction, commitment, codes = model(x, stream)
+    mse = F.mse_loss(reconstruction, x)
+    return mse + beta * commitment, {"mse": mse.item(), "commitment": commitment.item()}, codes

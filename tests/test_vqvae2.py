@@ -1,0 +1,264 @@
+"""The VQ-VAE-2 generator kind and the replay strategies built on it: the EMA codebook, the serial chain of
+Algorithm 1 (what each institution sees, the final decoder, resuming), and cwt-replay / fedavg-replay."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import copy_exp
+from fedcli.artifacts import load_tensors
+from fedcli.data.dataset import NodeDataset, to_float
+from fedcli.data.manifest import Manifest
+from fedcli.fl import engine, stage
+from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.node_codec import load_codec
+from fedcli.fl.strategies.code_replay import CodeReplayOptions, replayed
+from fedcli.gan import vqvae2
+from fedcli.gan.vq import Quantizer, perplexity
+from fedcli.gan.vqvae2_networks import VqArchitecture, VqVae2, loss
+from fedcli.replay.codes import encode_codes
+from fedcli.rng import torch_stream
+
+TINY_VQ = ["--generator", "vqvae2", "--iterations", "120", "--batch", "16", "--vq-channels", "32", "--vq-codebook",
+           "32", "--vq-dim", "16", "--buffer-size", "24", "--fidelity-seeds", "0", "--threads", "1"]
+FED = ["--rounds", "1", "--epochs", "1", "--init-epochs", "0", "--batch", "64", "--bootstrap", "10", "--threads", "1"]
+
+
+# -- the codebook ------------------------------------------------------------------------------
+def quantizer(decay=0.5) -> Quantizer:
+    q = Quantizer(dim=2, codes=2, decay=decay, eps=0.0, dead_below=0.0)
+    q.embed.copy_(torch.tensor([[0.0, 0.0], [10.0, 10.0]]))
+    q.embed_sum.copy_(torch.tensor([[0.0, 0.0], [10.0, 10.0]]))
+    q.cluster_size.fill_(1.0)
+    return q
+
+
+def test_the_ema_update_and_the_commitment_loss_match_a_hand_computation():
+    q = quantizer()
+    z = torch.tensor([[1.0, 2.0], [3.0, 0.0], [9.0, 9.0]]).t().reshape(1, 2, 1, 3)  # (B, D, H, W)
+    out, codes, commitment = q(z)
+    assert codes.flatten().tolist() == [0, 0, 1]
+    # commitment: mean squared distance to the codes before the update: ((1+4) + 9 + (1+1)) / 6
+    assert commitment.item() == pytest.approx(16 / 6)
+    # counts: 0.5 * 1 + 0.5 * (2, 1); sums: 0.5 * old + 0.5 * assigned
+    assert q.cluster_size.tolist() == [1.5, 1.0]
+    assert q.embed_sum.tolist() == [[2.0, 1.0], [9.5, 9.5]]
+    assert torch.allclose(q.embed, torch.tensor([[2.0 / 1.5, 1.0 / 1.5], [9.5, 9.5]]))
+    # the forward value is each position's code as it was chosen, before the update
+    assert out.flatten(2)[0].t().tolist() == [[0.0, 0.0], [0.0, 0.0], [10.0, 10.0]]
+
+
+def test_the_straight_through_gradient_reaches_the_encoder_output_unchanged():
+    q = quantizer().eval()
+    z = torch.tensor([[1.0, 2.0], [8.0, 9.0]]).t().reshape(1, 2, 1, 2).requires_grad_(True)
+    out, _, _ = q(z)
+    weight = torch.tensor([[[[3.0, -1.0]], [[0.5, 2.0]]]])
+    (out * weight).sum().backward()
+    assert torch.equal(z.grad, weight)
+
+
+def test_a_dead_code_restarts_at_an_encoder_output_drawn_from_the_keyed_stream():
+    q = Quantizer(dim=2, codes=3, decay=0.5, eps=0.0, dead_below=1.0)
+    q.embed.copy_(torch.tensor([[0.0, 0.0], [1.0, 1.0], [100.0, 100.0]]))
+    q.embed_sum.copy_(q.embed)
+    q.cluster_size.fill_(2.0)
+    z = torch.tensor([[0.1, 0.0], [1.0, 0.9], [0.0, 0.2], [1.1, 1.0]]).t().reshape(1, 2, 1, 4)
+    q(z, torch_stream(0, "test", "restart"))  # the far code gets nothing: 0.5 x 2 = 1... still alive
+    assert q.restarted == 0
+    q(z, torch_stream(0, "test", "restart"))  # 0.5 x 1 = 0.5 < 1: dead, restarted
+    assert q.restarted == 1
+    pick = int(torch.randint(0, 4, (1,), generator=torch_stream(0, "test", "restart")))
+    assert q.embed[2].tolist() == z.flatten(2)[0, :, pick].tolist()
+    assert q.cluster_size[2].item() == 1.0
+
+
+def tiny_digits(digits_manifest, split: str) -> torch.Tensor:
+    data = NodeDataset(digits_manifest, digits_manifest.node_names[0], split)
+    return torch.nn.functional.interpolate(to_float(data.images), size=16, mode="bilinear", align_corners=False)
+
+
+def test_a_vqvae2_uses_its_codebook_and_reconstructs_held_out_images_better_than_the_mean_image(digits_manifest):
+    train, test = tiny_digits(digits_manifest, "train"), tiny_digits(digits_manifest, "test")
+    torch.manual_seed(0)
+    model = VqVae2(VqArchitecture(resolution=16, channels=1, num_classes=10, hidden=32, codes=32, dim=16))
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    stream = torch_stream(0, "test", "vq")
+    for index in vqvae2.batches(len(train), 32, 150, stream):
+        total, _, _ = loss(model, train[index], 0.25, stream)
+        optimizer.zero_grad()
+        total.backward()
+        optimizer.step()
+    model.eval()
+    top, bottom = model.encode(train)
+    assert perplexity(top, 32) > 4 and perplexity(bottom, 32) > 8  # floors: an eighth and a quarter of the codes
+    error = ((model.decode(*model.encode(test)) - test) ** 2).mean()
+    assert error < ((train.mean(0, keepdim=True) - test) ** 2).mean() / 2
+
+
+# -- the serial chain --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """Three 16 px digits nodes and a VQ-VAE-2 trained serially across them, with what each institution trained
+    on and the model it received recorded."""
+    from conftest import Cli
+
+    exp = tmp_path_factory.mktemp("vq") / "exp"
+    Cli().ok("partition", "--nodes", "3", "--image-size", "16", "--exp", exp)
+    seen = []
+    original = vqvae2.train_vqvae
+
+    def recording(model, images, cfg, stream, device, log):
+        seen.append({"images": images.clone(), "received": {k: v.clone() for k, v in model.state_dict().items()}})
+        original(model, images, cfg, stream, device, log)
+
+    vqvae2.train_vqvae = recording
+    try:
+        Cli().ok("train-gan", "--exp", exp, *TINY_VQ)
+    finally:
+        vqvae2.train_vqvae = original
+    return exp, seen
+
+
+def test_each_institution_trains_on_its_images_and_the_decodings_of_exactly_the_earlier_codes(chain):
+    exp, seen = chain
+    manifest = Manifest.load(exp)
+    nodes = manifest.node_names
+    assert len(seen) == 3
+    for k, node in enumerate(nodes):
+        record = json.loads((exp / "gan" / node / "config.json").read_text())["serial"]
+        own = to_float(NodeDataset(manifest, node, "train").images)
+        assert record["position"] == k + 1 and record["own"] == len(own)
+        assert list(record["replayed"]) == nodes[:k]
+        images = seen[k]["images"]
+        assert torch.equal(images[len(images) - len(own):], own)  # its own images, last
+        replayed = images[:len(images) - len(own)]
+        assert len(replayed) == sum(record["replayed"].values())
+        if k:  # the earlier codes, decoded by the model it received: reconstructions, not the real images
+            earlier = torch.cat([to_float(NodeDataset(manifest, n, "train").images) for n in nodes[:k]])
+            assert replayed.shape == earlier.shape and not torch.equal(replayed, earlier)
+            assert ((replayed - earlier) ** 2).mean() < ((earlier.mean(0) - earlier) ** 2).mean()
+
+
+def test_the_final_decoder_reproduces_the_image_of_every_shared_code(chain):
+    exp, seen = chain
+    manifest = Manifest.load(exp)
+    nodes = manifest.node_names
+    last = seen[-1]["images"]
+    start = 0
+    for node in nodes:
+        codec = load_codec(exp, manifest, node, "test")
+        stood_for = last[start:start + len(codec.codes)]  # at the last institution: the image each code encodes
+        start += len(codec.codes)
+        again = vqvae2.encode_all(codec.generator.vqvae, stood_for, codec.codes.labels, "cpu")
+        assert torch.equal(again.top, codec.codes.top) and torch.equal(again.bottom, codec.codes.bottom)
+        decoded = codec.generator.decode(codec.codes.top, codec.codes.bottom)
+        # the stated tolerance: within half the error of the images' own mean image
+        assert ((decoded - stood_for) ** 2).mean() < ((stood_for.mean(0) - stood_for) ** 2).mean() / 2
+    assert start == len(last)
+
+
+def test_the_chain_resumes_after_an_institution_to_the_same_bytes(chain, tmp_path, cli, monkeypatch):
+    exp, _ = chain
+    fresh = copy_exp(exp, tmp_path)
+    original = vqvae2.SerialTraining.visit
+
+    def crash(self, k, node, held):
+        if k == 2:
+            raise KeyboardInterrupt
+        return original(self, k, node, held)
+
+    monkeypatch.setattr(vqvae2.SerialTraining, "visit", crash)
+    assert vqvae2_run(fresh).exit_code == 130  # interrupted at the third node
+    assert sorted(p.name for p in (fresh / "gan" / ".serial").iterdir()) == ["after-1.safetensors"]
+    monkeypatch.setattr(vqvae2.SerialTraining, "visit", original)
+    visits = []
+    monkeypatch.setattr(vqvae2.SerialTraining, "visit",
+                        lambda self, k, node, held: visits.append(k) or original(self, k, node, held))
+    assert vqvae2_run(fresh).exit_code == 0
+    assert visits == [2]
+    assert not (fresh / "gan" / ".serial").exists()
+    for node in Manifest.load(exp).node_names:
+        for name in ("generator.safetensors", "codes.safetensors", "buffer.safetensors"):
+            assert (fresh / "gan" / node / name).read_bytes() == (exp / "gan" / node / name).read_bytes()
+
+
+def vqvae2_run(exp):
+    from fedcli.cli import app
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(app, ["train-gan", "--exp", str(exp), "--overwrite", *TINY_VQ])
+
+
+def test_the_serial_chain_bytes_are_the_payloads_it_sent(chain):
+    exp, _ = chain
+    manifest = Manifest.load(exp)
+    nodes = manifest.node_names
+    codecs = {node: load_codec(exp, manifest, node, "test") for node in nodes}
+    model = len(vqvae2.encode_model(codecs[nodes[0]].generator.vqvae.state_dict()))
+    for k, node in enumerate(nodes):
+        serial = json.loads((exp / "gan" / node / "config.json").read_text())["serial"]
+        if node == nodes[-1]:  # received the model and the codes so far; sends the final model and codes back
+            assert serial["bytes_sent"] == sum(model + len(encode_codes({n: codecs[n].codes})) for n in nodes[:-1])
+        else:  # returned: the final model and its own codes
+            assert serial["bytes_received"] >= model + len(encode_codes({node: codecs[node].codes}))
+
+
+# -- the replay strategies ---------------------------------------------------------------------
+def test_cwt_replay_decodes_every_institutions_codes_with_the_final_decoder(chain):
+    exp, _ = chain
+    manifest = Manifest.load(exp)
+    fed = engine.build(FederateConfig(exp=exp, strategy=("cwt-replay",)), manifest, 0)
+    union = replayed(fed, CodeReplayOptions())
+    for node in fed.nodes:
+        codec = load_codec(exp, manifest, node, "test")
+        expected = torch.cat([codec.decoded(load_codec(exp, manifest, n, "test").codes, "cpu").images
+                              for n in fed.nodes])
+        assert torch.equal(union[node].images, expected)
+    codes_sent = [t for t in fed.transport.transfers if t.kind == "codes"]
+    assert {(t.sender, t.receiver) for t in codes_sent} == {(a, b) for a in fed.nodes for b in fed.nodes if a != b}
+    for t in codes_sent:  # bytes exact: each node's codes payload, 2 x (4 + 16) int16 indices + a label per image
+        codes = load_codec(exp, manifest, t.sender, "test").codes
+        assert t.bytes == len(encode_codes({t.sender: codes}))
+        assert t.bytes - len(codes) * (2 * (2 * 2 + 4 * 4) + 8) < 400  # the safetensors header
+
+
+def test_fedavg_replay_with_nothing_to_replay_is_fedavg(chain, tmp_path, cli):
+    exp = copy_exp(chain[0], tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "fedavg-replay", "--strategy", "fedavg", "--buffer-size", "0", *FED)
+    ours, theirs = (pd.read_csv(exp / "federate" / name / "metrics.csv").drop(columns="strategy")
+                    for name in ("fedavg-replay", "fedavg"))
+    pd.testing.assert_frame_equal(ours, theirs, check_exact=True)
+    a, b = (load_tensors(exp / "federate" / name / "models" / "global.safetensors", "m")
+            for name in ("fedavg-replay", "fedavg"))
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_the_replay_strategies_replay_a_prior_buffer_when_asked(chain, tmp_path, cli):
+    exp = copy_exp(chain[0], tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "cwt-replay", "--replay-source", "buffers", *FED)
+    comm = pd.read_csv(exp / "federate" / "cwt-replay" / "comm.csv")
+    assert set(comm["kind"]) == {"buffer", "model"}
+
+
+# -- refusals ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, says", [
+    (["--alpha", "0.5"], "--alpha is not an option of generator kind vqvae2"),
+    (["--dp-epsilon", "5"], "codes are encodings of real images"),
+    (["--node", "node0"], "trains serially across every node"),
+])
+def test_options_a_vqvae2_cannot_take_are_refused_in_one_line(chain, tmp_path, cli, args, says):
+    exp = copy_exp(chain[0], tmp_path)
+    line = cli.user_error("train-gan", "--exp", exp, "--overwrite", *TINY_VQ, *args)
+    assert says in line
+
+
+def test_code_replay_on_a_gan_experiment_and_an_audit_of_a_vqvae2_are_refused_in_one_line(chain, gan3_exp, tmp_path,
+                                                                                          cli):
+    gan = copy_exp(gan3_exp, tmp_path / "gan")
+    assert "replays VQ-VAE-2 codes" in cli.user_error("federate", "--exp", gan, "--strategy", "cwt-replay", *FED)
+    vq = copy_exp(chain[0], tmp_path / "vq")
+    assert "audit-privacy audits GAN generators" in cli.user_error("audit-privacy", "--exp", vq, "--threads", "1")
