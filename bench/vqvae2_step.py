@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from fedcli.config import GanConfig
 from fedcli.gan.code_prior import PriorArchitecture
 from fedcli.gan.vqvae2 import VqGenerator, train_vqvae
-from fedcli.gan.vqvae2_networks import VqArchitecture, VqVae2, loss
+from fedcli.vqvae.networks import VqArchitecture, VqVae2, loss
 from fedcli.rng import torch_stream
 
 REPEATS = 3

@@ -893,4 +893,11 @@ def test_the_label_skew_table_and_figure_give_each_method_per_skew_level_over_se
     assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
     one_level = [s for s in subs if s.manifest["ks"] == 0.0]
     assert isinstance(study.skew_table(one_level, "accuracy"), study.Missing)
+    for sub, source in zip(subs, ["codes", "buffers", "codes", "buffers"]):  # a replay method, per replay source
+        write_run(sub.folder / "federate" / "cwt-replay", "cwt-replay", shared("global", {"n0": 0.5, "n1": 0.5}))
+        config = json.loads((sub.folder / "federate" / "cwt-replay" / "config.json").read_text())
+        config["config"]["replay_source"] = source
+        write_json(sub.folder / "federate" / "cwt-replay" / "config.json", config)
+    table = study.skew_table(load_experiment(tmp_path), "accuracy")
+    assert {"cwt-replay [codes]", "cwt-replay [buffers]"} <= set(table.frame.columns)
     assert not figures.skew_figure(one_level, "accuracy", tmp_path / "none.png")

@@ -13,15 +13,15 @@ from conftest import copy_exp
 from fedcli.artifacts import load_tensors
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
-from fedcli.fl import engine, stage
+from fedcli.fl import engine
 from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.node_codec import load_codec
+from fedcli.fl.payloads import encode_codes, encode_model
 from fedcli.fl.strategies.code_replay import CodeReplayOptions, replayed
 from fedcli.gan import vqvae2
-from fedcli.gan.vq import Quantizer, perplexity
-from fedcli.gan.vqvae2_networks import VqArchitecture, VqVae2, loss
-from fedcli.replay.codes import encode_codes
 from fedcli.rng import torch_stream
+from fedcli.vqvae.codec import load_codec
+from fedcli.vqvae.networks import VqArchitecture, VqVae2, encode_all, loss
+from fedcli.vqvae.quantizer import Quantizer, perplexity
 
 TINY_VQ = ["--generator", "vqvae2", "--iterations", "120", "--batch", "16", "--vq-channels", "32", "--vq-codebook",
            "32", "--vq-dim", "16", "--buffer-size", "24", "--fidelity-seeds", "0", "--threads", "1"]
@@ -153,9 +153,9 @@ def test_the_final_decoder_reproduces_the_image_of_every_shared_code(chain):
         codec = load_codec(exp, manifest, node, "test")
         stood_for = last[start:start + len(codec.codes)]  # at the last institution: the image each code encodes
         start += len(codec.codes)
-        again = vqvae2.encode_all(codec.generator.vqvae, stood_for, codec.codes.labels, "cpu")
+        again = encode_all(codec.vqvae, stood_for, codec.codes.labels, "cpu")
         assert torch.equal(again.top, codec.codes.top) and torch.equal(again.bottom, codec.codes.bottom)
-        decoded = codec.generator.decode(codec.codes.top, codec.codes.bottom)
+        decoded = codec.vqvae.decode(codec.codes.top, codec.codes.bottom)
         # the stated tolerance: within half the error of the images' own mean image
         assert ((decoded - stood_for) ** 2).mean() < ((stood_for.mean(0) - stood_for) ** 2).mean() / 2
     assert start == len(last)
@@ -182,8 +182,10 @@ def test_the_chain_resumes_after_an_institution_to_the_same_bytes(chain, tmp_pat
     assert visits == [2]
     assert not (fresh / "gan" / ".serial").exists()
     for node in Manifest.load(exp).node_names:
-        for name in ("generator.safetensors", "codes.safetensors", "buffer.safetensors"):
+        for name in ("generator.safetensors", "codes.safetensors", "buffer.safetensors", "metrics.csv"):
             assert (fresh / "gan" / node / name).read_bytes() == (exp / "gan" / node / name).read_bytes()
+        records = [json.loads((e / "gan" / node / "config.json").read_text()) for e in (fresh, exp)]
+        assert records[0]["serial"] == records[1]["serial"]  # the bytes it sent and received, across the resume
 
 
 def vqvae2_run(exp):
@@ -198,7 +200,7 @@ def test_the_serial_chain_bytes_are_the_payloads_it_sent(chain):
     manifest = Manifest.load(exp)
     nodes = manifest.node_names
     codecs = {node: load_codec(exp, manifest, node, "test") for node in nodes}
-    model = len(vqvae2.encode_model(codecs[nodes[0]].generator.vqvae.state_dict()))
+    model = len(encode_model(codecs[nodes[0]].vqvae.state_dict()))
     for k, node in enumerate(nodes):
         serial = json.loads((exp / "gan" / node / "config.json").read_text())["serial"]
         if node == nodes[-1]:  # received the model and the codes so far; sends the final model and codes back
@@ -235,6 +237,15 @@ def test_fedavg_replay_with_nothing_to_replay_is_fedavg(chain, tmp_path, cli):
     a, b = (load_tensors(exp / "federate" / name / "models" / "global.safetensors", "m")
             for name in ("fedavg-replay", "fedavg"))
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_a_replay_of_more_codes_than_a_node_has_or_of_codes_in_a_fold_is_refused_in_one_line(chain, tmp_path, cli):
+    exp = copy_exp(chain[0], tmp_path)
+    assert "exceeds node node0's" in cli.user_error("federate", "--exp", exp, "--strategy", "cwt-replay",
+                                                   "--buffer-size", "100000", *FED)
+    assert "the validation fold's too" in cli.user_error("federate", "--exp", exp, "--strategy", "fedavg-replay",
+                                                         "--fold", "0", *FED)
+    assert not (exp / "federate").exists() or not any((exp / "federate").iterdir())
 
 
 def test_the_replay_strategies_replay_a_prior_buffer_when_asked(chain, tmp_path, cli):

@@ -68,10 +68,10 @@ class NodeInputs:
 
 def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str, seed: int) -> NodeInputs:
     folder = gan_dir(cfg.exp, node)
-    if (folder / "config.json").is_file() and not recorded_kind(read_gan_config(cfg.exp, manifest, node)).projectable:
-        raise UserError(f"node {node}'s generator is a {recorded_kind(read_gan_config(cfg.exp, manifest, node)).name}, "
-                        "and audit-privacy audits GAN generators by latent projection; audit an experiment trained "
-                        "with --generator stylegan2")
+    kind = recorded_kind(read_gan_config(cfg.exp, manifest, node)) if (folder / "config.json").is_file() else None
+    if kind is not None and not getattr(kind, "projectable", True):
+        raise UserError(f"node {node}'s generator is a {kind.name}, and audit-privacy audits GAN generators by latent "
+                        "projection; audit an experiment trained with --generator stylegan2")
     for name in (*GENERATORS.values(), BUFFER):
         if not (folder / name).is_file():
             raise UserError(f"node {node} has no {name} in {folder} (the audit needs the standard, control and "

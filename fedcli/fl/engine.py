@@ -19,7 +19,7 @@ from fedcli.fl.buffer_exchange import BufferExchange
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.evaluator import Evaluator
 from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.node_codec import load_codec
+from fedcli.vqvae.codec import load_codec
 from fedcli.fl.node_data import NodeData, NodeImages
 from fedcli.fl.strategies import EVAL, REGISTRY, Strategy
 from fedcli.fl.strategies.base import ENSEMBLE

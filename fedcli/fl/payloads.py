@@ -1,4 +1,5 @@
-"""What travels between nodes, as bytes: models and buffers in safetensors, never pickle.
+"""What travels between nodes, as bytes: models, buffers, features and VQ-VAE-2 codes in safetensors, never
+pickle.
 
 A receiver rebuilds a model from bytes and checks it against its own architecture (same tensor
 names, shapes and dtypes, finite values); a buffer is checked for uint8 images of the expected
@@ -15,6 +16,7 @@ import torch
 from fedcli.artifact_kinds import buffer_problem
 from fedcli.artifacts import parse_tensors, tensor_bytes
 from fedcli.errors import UserError
+from fedcli.vqvae.codes import CodeShape, NodeCodes, codes_problem, from_tensors
 
 CODECS = ("png", "raw")
 
@@ -136,3 +138,23 @@ def decode_features(data: bytes, what: str, shape: tuple[int, ...], num_classes:
             (len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes):
         raise PayloadError(f"received {what} lack one int64 label in 0..{num_classes - 1} per image")
     return features, labels
+
+
+def encode_codes(codes: dict[str, NodeCodes]) -> bytes:
+    """Codes by node, one payload."""
+    return tensor_bytes({f"{node}/{k}": v for node, c in codes.items() for k, v in c.tensors().items()},
+                        {"nodes": list(codes)})
+
+
+def decode_codes(data: bytes, shape: CodeShape, expect: list[str]) -> dict[str, NodeCodes]:
+    """The codes of exactly the nodes `expect` (a payload naming others is refused), each checked."""
+    tensors, metadata = load_payload(data, "codes")
+    nodes = metadata.get("nodes")
+    if nodes != list(expect):
+        raise PayloadError(f"received codes are of {nodes!r}, expected those of "
+                           f"{', '.join(expect)}")
+    for node in nodes:
+        problem = codes_problem(tensors, f"{node}/", shape)
+        if problem:
+            raise PayloadError(f"received codes of {node} {problem}")
+    return {node: from_tensors(tensors, f"{node}/") for node in nodes}

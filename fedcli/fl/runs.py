@@ -60,8 +60,9 @@ def load_buffer(exp: Path, manifest: Manifest, node: str, size: int | None, stra
 
 
 def buffer_user(cfg: FederateConfig) -> str | None:
-    """The first strategy that reads the buffers, if any does."""
-    return next((s for s in cfg.strategy if REGISTRY[s].needs_buffers and cfg.buffer_size != 0), None)
+    """The first strategy that reads the buffers, if any does (a replay of codes reads codes instead)."""
+    return next((s for s in cfg.strategy if REGISTRY[s].needs_buffers and cfg.buffer_size != 0
+                 and getattr(cfg.options_of(s), "replay_source", None) != "codes"), None)
 
 
 def check_node_names(exp: Path, manifest: Manifest) -> None:
@@ -89,6 +90,10 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
             raise UserError(f"{name} trains on a globally shared set, which this partition has none of; re-run "
                             "fedcli partition --overwrite with --shared-fraction F (the study's 0.05)")
         options = cfg.options_of(name)
+        if getattr(options, "replay_source", None) == "codes" and (cfg.cv or cfg.fold is not None):
+            raise UserError(f"{name} replays the codes of every training image, the validation fold's too, so a fold "
+                            "would score reconstructions of its own images; select without --fold/--cv, or pass "
+                            "--replay-source buffers")
         if hasattr(options, "cut"):
             check_cut(architectures(cfg.model)[0], options.cut)
         for field in REGISTRY[name].option_fields():

@@ -4,9 +4,11 @@ Two priors, as in VQ-VAE-2: one over the top codes given the class, one over the
 and the top codes. Each is a stack of masked convolutions (the first excludes the current position, the rest
 include it; gated tanh x sigmoid activations) whose every layer adds the class's embedding and, for the bottom,
 a map computed from the top codes. Razavi et al. use PixelSNAIL-like priors with self-attention; this smaller
-PixelCNN keeps the masked stack's blind spot (positions up and to the right beyond its receptive field), which
-at fedcli's code maps (4x4 and 8x8 at 32 px) the stack's depth covers. Sampling draws one position at a time in
-raster order from the caller's keyed stream.
+PixelCNN keeps the single masked stack's blind spot: a position never sees the row above beyond two columns to
+its right (the first layer's reach; later layers extend it only diagonally), whatever the depth, so it models
+less of each code's context than a gated PixelCNN's two stacks or PixelSNAIL would (a known limit, larger on
+the 32x32 and 64x64 maps of 256 px images). Sampling draws one position at a time in raster order from the
+caller's keyed stream.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
         return [resample(cfg, manifest, node, seed, device) for node in nodes]
     kind = generator_kind(cfg.generator)
     check_options(cfg, kind)
-    check_nodes_free(cfg, nodes)
+    check_nodes_free(cfg, nodes, getattr(kind, "serial", False))
     kept = {node: summary for node in nodes if keep_finished and (summary := finished(cfg, node)) is not None}
     for node in nodes:
         check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
@@ -89,7 +89,8 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
     for node in kept:
         console.out.print(f"node {node}: kept, made by this same configuration before an interruption")
     with events.stage_log(cfg.exp, "train-gan"):  # the FID checks, as they come (gan/progress.py)
-        trainer = kind.trainer(cfg, manifest, todo, seed, device) if todo else None  # a serial kind trains here
+        serial = getattr(kind, "serial", False)  # a serial kind trains every node's share here, in one chain
+        trainer = kind.trainer(cfg, manifest, manifest.node_names if serial else todo, seed, device) if todo else None
         summaries = [kept[node] if node in kept else train_node(cfg, manifest, kind, trainer, node, seed, device)
                      for node in nodes]
     if hasattr(trainer, "finish"):
@@ -97,15 +98,15 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
     return summaries
 
 
-def check_nodes_free(cfg: GanConfig, nodes: list[str]) -> None:
+def check_nodes_free(cfg: GanConfig, nodes: list[str], serial: bool = False) -> None:
     """Without --overwrite, no node's folder exists; after an interrupted run, the line names the nodes still to
-    train (`--node` trains one) as well as --overwrite."""
+    train (`--node` trains one; a serial kind trains them all) as well as --overwrite."""
     done = [node for node in nodes if gan_dir(cfg.exp, node).exists()]
     if not done or cfg.overwrite:
         return
     rest = [node for node in nodes if node not in done]
     left = (f"; train the nodes without one ({', '.join(rest)}) with fedcli train-gan --node NAME each, or pass "
-            "--overwrite to retrain every node") if rest else "; pass --overwrite to replace it"
+            "--overwrite to retrain every node") if rest and not serial else "; pass --overwrite to replace it"
     others = f" (as do those of {', '.join(done[1:])})" if done[1:] else ""
     raise UserError(f"{gan_dir(cfg.exp, done[0])} already exists{others}{left}")
 
@@ -216,12 +217,12 @@ def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: s
     fidelity again."""
     folder = gan_dir(cfg.exp, node)
     saved = read_gan_config(cfg.exp, manifest, node)
-    if generator_kind(kind_name(saved)).name != "stylegan2":
-        raise UserError(f"--sample-only re-samples a StyleGAN generator; node {node}'s is a {kind_name(saved)}: re-run "
-                        "fedcli train-gan --overwrite instead")
     if saved.get("buffer", {}).get("decoded"):
         raise UserError(f"node {node}'s buffer is decoded codes of its real images, not samples; re-run fedcli "
                         "train-gan --overwrite instead of --sample-only")
+    if getattr(generator_kind(kind_name(saved)), "serial", False):
+        raise UserError(f"--sample-only re-samples per-node generators; node {node}'s {kind_name(saved)} was trained "
+                        "serially with its prior: re-run fedcli train-gan --overwrite with the new --buffer-size")
     classes = saved["classes"]
     check_buffer_size(cfg.buffer_size, classes, node)
     generators = {role: load_generator(folder, filename, saved, device) for role, filename in ROLE_FILES.items()}

@@ -4,9 +4,9 @@ generator (Qu et al. 2022, Algorithm 1's first round), always trained serially a
 At institution k (the partition's order) the VQ-VAE-2 it received decodes the codes shared so far into the
 replayed images x^r = D_old(e); it trains on x_U = x^r + its own images for --iterations steps, both levels on
 x_U (the paper's text trains the bottom level on x_k alone; a bottom level that never sees x^r would
-reconstruct it worse at every later step, so fedcli trains both on x_U, as its loss over x_U reads), with
-loss ||x - D(e)||^2 + beta ||sg[e] - E(x)||^2 and EMA codebooks (vq.py), from a fresh Adam (only weights
-travel). Then it encodes its own images, and sends its weights and the codes with labels on.
+reconstruct it worse at every later step, so fedcli trains both on x_U, as its loss over x_U reads), with loss
+||x - D(e)||^2 + beta ||sg[e] - E(x)||^2 and EMA codebooks (fedcli/vqvae/quantizer.py), from a fresh Adam (only
+weights travel). Then it encodes its own images, and sends its weights and the codes with labels on.
 
 Algorithm 1 leaves two things open; fedcli's choices:
 - Earlier institutions' codes are re-encoded by the updated encoder: at institution k, the codes of j < k
@@ -27,7 +27,6 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -39,19 +38,20 @@ from fedcli.config import GanConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
-from fedcli.fl.payloads import decode_model, encode_model
-from fedcli.fl.transport import InProcessTransport, Transport
+from fedcli.fl.payloads import decode_codes, decode_model, encode_codes, encode_model
+from fedcli.fl.transport import InProcessTransport, Transfer
 from fedcli.gan.code_prior import CodePrior, PriorArchitecture
-from fedcli.gan.vq import perplexity
-from fedcli.gan.vqvae2_networks import VqArchitecture, VqVae2, loss
 from fedcli.generators import RELEASED, Trained
 from fedcli.layout import CODES, GENERATOR, SERIAL, inside
-from fedcli.replay.buffer import to_uint8
-from fedcli.replay.codes import CodeShape, NodeCodes, decode_codes, encode_codes, from_tensors
 from fedcli.progress import StepProgress
+from fedcli.replay.buffer import to_uint8
 from fedcli.rng import stream_seed, torch_stream
+from fedcli.vqvae.codes import NodeCodes, from_tensors
+from fedcli.vqvae.networks import VqArchitecture, VqVae2, code_shape, decode_all, encode_all, loss
+from fedcli.vqvae.quantizer import perplexity
 
-DECODED = "decoded"  # the role of the sampler of decoded codes, beside a prior's samples
+CHAIN_OPTIONS = ("iterations", "batch", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim", "vq_channels")
+RECONSTRUCTIONS = "decoded"  # the role of the sampler of decoded codes, beside a prior's samples
 
 
 class VqGenerator(nn.Module):
@@ -95,10 +95,6 @@ class CodeSampler:
         return self.generator.decode(self.codes.top[index].to(device), self.codes.bottom[index].to(device))
 
 
-def code_shape(arch: VqArchitecture) -> CodeShape:
-    return CodeShape(arch.top_side, arch.bottom_side, arch.codes, arch.num_classes)
-
-
 def architecture(cfg: GanConfig, manifest: Manifest) -> VqArchitecture:
     try:
         return VqArchitecture(resolution=manifest["image_size"], channels=manifest["channels"],
@@ -122,7 +118,7 @@ class VqVae2Kind:
     options = frozenset({"iterations", "batch", "dp_epsilon", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim",
                          "vq_channels", "prior_iterations", "prior_channels", "prior_layers"})
     titles = {RELEASED: "released buffer: prior samples (decoded codes without a prior)",
-              DECODED: "decoded codes of its real images"}
+              RECONSTRUCTIONS: "decoded codes of its real images"}
     serial = True
 
     def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
@@ -135,8 +131,7 @@ class VqVae2Kind:
                             "DP guarantee covers, and a DP VQ-VAE-2 (releasing prior samples only) is not built; use "
                             "--generator stylegan2 for a DP buffer")
         arch = architecture(cfg, manifest)
-        return SerialTraining(cfg, manifest, list(manifest.node_names), seed, device, arch,
-                              prior_architecture(cfg, arch))
+        return SerialTraining(cfg, manifest, list(nodes), seed, device, arch, prior_architecture(cfg, arch))
 
     def build(self, record: dict) -> VqGenerator:
         prior = record.get("prior_architecture")
@@ -173,20 +168,6 @@ def train_vqvae(model: VqVae2, images: torch.Tensor, cfg: GanConfig, stream: tor
              "perplexity_bottom": perplexity(bottom, model.arch.codes),
              "restarted": model.quant_t.restarted + model.quant_b.restarted})
     model.eval()
-
-
-def encode_all(model: VqVae2, images: torch.Tensor, labels: torch.Tensor, device: str) -> NodeCodes:
-    tops, bottoms = [], []
-    for start in range(0, len(images), 256):
-        top, bottom = model.encode(images[start:start + 256].to(device))
-        tops.append(top.cpu())
-        bottoms.append(bottom.cpu())
-    return NodeCodes(torch.cat(tops), torch.cat(bottoms), labels.clone())
-
-
-def decode_all(model: VqVae2, codes: NodeCodes, device: str) -> torch.Tensor:
-    return torch.cat([model.decode(codes.top[s:s + 256].to(device), codes.bottom[s:s + 256].to(device)).cpu()
-                      for s in range(0, len(codes), 256)]) if len(codes) else torch.empty(0)
 
 
 def train_prior(generator: VqGenerator, codes: NodeCodes, cfg: GanConfig, stream: torch.Generator, device: str,
@@ -234,10 +215,9 @@ class SerialTraining:
 
     # -- the chain ------------------------------------------------------------------------
     def fingerprint(self) -> str:
-        """What decides the chain's numbers: the config less where and how fast, the seed and the partition."""
-        config = {k: v for k, v in to_json(self.cfg).items() if k not in {"exp", "node", "overwrite", "threads",
-                                                                         "device", "buffer_size", "fidelity_seeds"}}
-        text = json.dumps([config, self.seed, self.manifest.content_hash, self.nodes], sort_keys=True, default=str)
+        """What decides the chain's numbers: its options, the device, the seed, the partition and the order."""
+        config = {k: v for k, v in to_json(self.cfg).items() if k in CHAIN_OPTIONS}
+        text = json.dumps([config, self.device, self.seed, self.manifest.content_hash, self.nodes], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def chain(self) -> Held:
@@ -255,18 +235,16 @@ class SerialTraining:
         before, node = self.nodes[k - 1], self.nodes[k]
         self.transport.send(k, before, node, "model", encode_model(held.model.state_dict()))
         self.transport.send(k, before, node, "codes", encode_codes(held.codes))
-        model = VqVae2(self.arch).to(self.device)
+        model = built(lambda: VqVae2(self.arch)).to(self.device)
         model.load_state_dict(decode_model(self.transport.receive(k, before, node, "model"), model.state_dict()))
-        codes = decode_codes(self.transport.receive(k, before, node, "codes"), code_shape(self.arch))
+        codes = decode_codes(self.transport.receive(k, before, node, "codes"), code_shape(self.arch), self.nodes[:k])
         return Held(model, codes)
 
     def visit(self, k: int, node: str, held: Held | None) -> Held:
         """Train on the decoded earlier codes and the node's own images; re-encode both."""
         data = NodeDataset(self.manifest, node, "train")
         if held is None:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(stream_seed(self.seed, "vqvae2-init"))
-                held = Held(VqVae2(self.arch).to(self.device), {})
+            held = Held(built(lambda: VqVae2(self.arch), stream_seed(self.seed, "vqvae2-init")).to(self.device), {})
         replayed = {j: decode_all(held.model, codes, self.device) for j, codes in held.codes.items()}
         own = to_float(data.images)
         self.seen[node] = {"position": k + 1, "own": len(own), "replayed": {j: len(x) for j, x in replayed.items()}}
@@ -285,7 +263,8 @@ class SerialTraining:
         for node, codes in held.codes.items():
             tensors |= {f"codes.{node}.{key}": v for key, v in codes.tensors().items()}
         metadata = {"fingerprint": self.fingerprint(), "institution": str(k), "node": self.nodes[k],
-                    "seen": json.dumps(self.seen), "rows": json.dumps(self.rows)}
+                    "seen": json.dumps(self.seen), "rows": json.dumps(self.rows),
+                    "transfers": json.dumps([t.__dict__ for t in self.transport.transfers])}
         self.folder.mkdir(parents=True, exist_ok=True)
         save_tensors(self.folder / f"after-{k}.safetensors", tensors, metadata)
         for older in self.folder.glob("after-*.safetensors"):
@@ -294,19 +273,21 @@ class SerialTraining:
 
     def resume(self) -> tuple[Held | None, int]:
         """The chain after the latest checkpointed institution of this same configuration, else the start."""
-        found = sorted(self.folder.glob("after-*.safetensors")) if self.folder.is_dir() else []
-        for path in found:
+        found = list(self.folder.glob("after-*.safetensors")) if self.folder.is_dir() else []
+        for path in sorted(found, key=lambda p: -int(p.stem.removeprefix("after-"))):
             try:
                 tensors, metadata = parse_tensors(path.read_bytes())
-            except ValueError:  # cut short by an interruption: an earlier institution's is gone, so start over
+            except ValueError:  # not a checkpoint this chain wrote whole: start over
                 continue
             if metadata.get("fingerprint") != self.fingerprint():
                 continue
             k = int(metadata["institution"])
-            model = VqVae2(self.arch).to(self.device)
-            model.load_state_dict({key[6:]: v.to(self.device) for key, v in tensors.items() if key.startswith("model.")})
+            model = built(lambda: VqVae2(self.arch)).to(self.device)
+            model.load_state_dict({key.removeprefix("model."): v.to(self.device) for key, v in tensors.items()
+                                   if key.startswith("model.")})
             codes = {node: from_tensors(tensors, f"codes.{node}.") for node in self.nodes[:k + 1]}
             self.seen, self.rows = json.loads(metadata["seen"]), json.loads(metadata["rows"])
+            self.transport.transfers = [Transfer(**t) for t in json.loads(metadata["transfers"])]
             console.out.print(f"vqvae2: resuming the serial training after {self.nodes[k]} "
                               f"({k + 1} of {len(self.nodes)})")
             return Held(model, codes), k + 1
@@ -323,7 +304,8 @@ class SerialTraining:
     def train(self, node: str, data: NodeDataset) -> Trained:
         """The final VQ-VAE-2 and the node's codes, returned to it by the last institution; its prior."""
         last = self.nodes[-1]
-        generator = VqGenerator(self.arch, self.prior).to(self.device)
+        generator = built(lambda: VqGenerator(self.arch, self.prior), stream_seed(self.seed, node, "prior-init"))
+        generator.to(self.device)
         model_bytes = encode_model(self.final.model.state_dict())
         codes_bytes = encode_codes({node: self.final.codes[node]})
         if node != last:
@@ -332,21 +314,19 @@ class SerialTraining:
             model_bytes = self.transport.receive(len(self.nodes), last, node, "model")
             codes_bytes = self.transport.receive(len(self.nodes), last, node, "codes")
         generator.vqvae.load_state_dict(decode_model(model_bytes, generator.vqvae.state_dict()))
-        codes = decode_codes(codes_bytes, code_shape(self.arch))[node]
+        codes = decode_codes(codes_bytes, code_shape(self.arch), [node])[node]
         rows = list(self.rows[node])
         if self.prior:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(stream_seed(self.seed, node, "prior-init"))
-                fresh = VqGenerator(self.arch, self.prior)
-            generator.prior_top.load_state_dict(fresh.prior_top.state_dict())
-            generator.prior_bottom.load_state_dict(fresh.prior_bottom.state_dict())
             with StepProgress("train-gan", f"{node} prior"):
                 train_prior(generator, codes, self.cfg, torch_stream(self.seed, node, "prior-train"), self.device,
                             rows.append)
         generator.eval()
         decoded = CodeSampler(generator, codes)
-        generators = {RELEASED: generator, DECODED: decoded} if self.prior else {RELEASED: decoded}
+        generators = {RELEASED: generator, RECONSTRUCTIONS: decoded} if self.prior else {RELEASED: decoded}
         reconstruction = decode_all(generator.vqvae, codes, self.device)
+        if not reconstruction.isfinite().all():  # uint8 would turn NaN into black images that federate trains on
+            raise UserError(f"node {node}'s VQ-VAE-2 decodes non-finite images (its training diverged); re-run "
+                            "fedcli train-gan --overwrite with a lower --vq-lr")
         buffer = None if self.prior else (to_uint8(reconstruction), codes.labels.clone())
         mse = float(((reconstruction - to_float(data.images)) ** 2).mean()) if len(codes) else float("nan")
         meta = {"node": node, "manifest": self.manifest.content_hash}
@@ -362,3 +342,11 @@ class SerialTraining:
                             "reconstruction_mse": mse},
                   "buffer_kind": "prior samples" if self.prior else "decoded codes"}
         return Trained(generators, files, pd.DataFrame(rows), record, decoded=buffer)
+
+
+def built(make, seed: int = 0):
+    """A module made under a fixed seed without touching the global generator: its weights are either keyed
+    (`seed` from the stream) or overwritten at once by a received or saved state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return make()

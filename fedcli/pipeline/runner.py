@@ -91,7 +91,7 @@ class Runner:
             fp = fingerprint(f"federate:{strategy}", federate_key(cfg), upstream + select_fps)
             self.unit(folder, point.name, f"federate {strategy}", fp, f"federate/{strategy}",
                       lambda cfg=cfg: federate_run(cfg))
-        if not generator_kind(gan.generator).projectable:  # audit-privacy inverts GAN generators only
+        if not getattr(generator_kind(gan.generator), "projectable", True):  # the audit inverts GANs only
             console.out.print(f"{point.name + ': ' if point.name else ''}audit-privacy: not run, a {gan.generator} "
                               "generator has no latent to project", soft_wrap=True)
             return

@@ -226,3 +226,13 @@ def cross_scores(metrics: pd.DataFrame, metric: str, nodes: list[str]) -> dict[s
     rows = final_rows(metrics)
     rows = rows[rows.model_node.isin(nodes)]
     return {node: rows[rows.test_node == node][metric].astype(float).tolist() for node in nodes}
+
+
+def source_of(run: Run) -> str | None:
+    return run.config.get("replay_source")
+
+
+def variant_label(run: Run) -> str:
+    """A run's column or line: its strategy, and for a replay strategy what it replayed (`cwt-replay [codes]`)."""
+    source = source_of(run)
+    return run.strategy if source is None else f"{run.strategy} [{source}]"

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from fedcli.plotting import pyplot
-from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, by_skew, dp_label, own_rows, own_scores
+from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, by_skew, dp_label, own_rows, own_scores,
+                                   variant_label)
 
 
 def save(fig, path: Path) -> None:
@@ -50,14 +51,14 @@ def rounds_figure(subs: list[SubExperiment], metric: str, path: Path, title: str
 
 
 def final_scores(points, metric: str) -> dict[str, dict[float, list[float]]]:
-    """strategy -> x -> each run's final own-test-set score, mean over nodes, from (x, run) pairs; a run shared
-    between sweep points (a symlink) counts once."""
+    """strategy (a replay strategy's with its replay source) -> x -> each run's final own-test-set score, mean over
+    nodes, from (x, run) pairs; a run shared between sweep points (a symlink) counts once."""
     values: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     seen = set()
     for x, run in points:
         if run.folder.resolve() not in seen:
             seen.add(run.folder.resolve())
-            values[run.strategy][x].append(float(np.mean(list(own_scores(run.metrics, metric).values()))))
+            values[variant_label(run)][x].append(float(np.mean(list(own_scores(run.metrics, metric).values()))))
     return values
 
 

@@ -21,7 +21,7 @@ from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.fl.transport import EVERYONE
 from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, by_skew, cross_scores, dp_label, own_rows,
-                                   own_scores)
+                                   own_scores, source_of, variant_label)
 from fedcli.report.paired import paired_bootstrap_frame
 
 # the table families strategies declare (fl/strategies/): Tables 2, 4 and the paired table, 7, and 3
@@ -774,17 +774,10 @@ def skew_table(subs: list[SubExperiment], metric: str) -> Built:
                        "than two classes), mean ± std", lower_is_better=metric in LOWER_IS_BETTER, rows_are="skew")
 
 
-def source_of(run) -> str | None:
-    return run.config.get("replay_source")
-
-
 def replay_variants(subs: list[SubExperiment], name: str) -> list[tuple[str, str, str | None]]:
-    """(column, strategy, replay source) of `name`: one column, or one per --replay-source a sweep ran it with
-    (`cwt-replay [buffers]`)."""
-    sources = list(dict.fromkeys(source_of(run) for s in subs if (run := s.run(name)) is not None))
-    if len(sources) < 2:
-        return [(name, name, sources[0] if sources else None)]
-    return [(f"{name} [{source}]", name, source) for source in sources]
+    """(column, strategy, replay source) of `name`, one per --replay-source its runs used."""
+    runs = {source_of(run): run for s in subs if (run := s.run(name)) is not None}
+    return [(variant_label(run), name, source) for source, run in runs.items()]
 
 
 def seed_interval(stat: Stat) -> str:

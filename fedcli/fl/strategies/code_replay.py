@@ -22,15 +22,16 @@ import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 import torch
+
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl.payloads import decode_buffer
+from fedcli.errors import UserError
+from fedcli.fl.payloads import decode_buffer, decode_codes, encode_codes
 from fedcli.fl.strategies.averaging import SHARED_STATISTICS
 from fedcli.fl.strategies.base import Declaration
-from fedcli.fl.strategies.cwt import CyclicWeightTransfer, full_batches
+from fedcli.fl.strategies.cwt import CyclicWeightTransfer, forgetting_option, full_batches
 from fedcli.fl.strategies.fedavg_share import SharedDataAveraging
 from fedcli.fl.strategies.replay_options import BufferCodec, buffer_size, codec
 from fedcli.fl.strategies.union import TrainsOnUnion, all_to_all
-from fedcli.replay.codes import decode_codes, encode_codes
 
 if TYPE_CHECKING:
     from fedcli.fl.engine import Federation
@@ -62,19 +63,27 @@ def replayed(fed: "Federation", options: CodeReplayOptions) -> dict[str, TensorS
     if options.replay_source == "buffers":
         return all_to_all(fed, "buffer", lambda node: fed.data.buffers[node],
                           lambda node: fed.exchange.payload(node, options.buffer_codec),
-                          lambda node, data: TensorSource(*decode_buffer(data, fed.data.image_shape,
-                                                                         fed.data.num_classes)))
+                          lambda node, sender, data: TensorSource(*decode_buffer(data, fed.data.image_shape,
+                                                                                 fed.data.num_classes)))
 
     def own_codes(node: str):
         codes = fed.data.codecs[node].codes
+        if k is not None and k > len(codes):
+            raise UserError(f"--buffer-size {k} exceeds node {node}'s {len(codes)} codes; replay at most "
+                            f"{len(codes)}, or leave --buffer-size out to replay every code")
         return codes if k is None else codes.first(k)
 
-    def decode(node: str, data: bytes) -> TensorSource:
+    def decode(node: str, sender: str, data: bytes) -> TensorSource:
         codec_ = fed.data.codecs[node]
-        return TensorSource.concat([codec_.decoded(c, device) for c in decode_codes(data, codec_.shape).values()])
+        return codec_.decoded(decode_codes(data, codec_.shape, [sender])[sender], device)
 
     return all_to_all(fed, CODES, lambda node: fed.data.codecs[node].decoded(own_codes(node), device),
                       lambda node: encode_codes({node: own_codes(node)}), decode)
+
+
+@dataclasses.dataclass(frozen=True)
+class CwtReplayOptions(CodeReplayOptions):
+    forgetting: bool = forgetting_option()
 
 
 class CwtReplay(TrainsOnUnion, CyclicWeightTransfer):
@@ -99,7 +108,7 @@ class FedAvgReplay(SharedDataAveraging):
 
 DECLARED = (
     Declaration("cwt-replay", 23, "CWT+Replay: CWT where every visit also trains on every node's decoded VQ-VAE-2 "
-                "codes (Qu et al.; train-gan --generator vqvae2)", CwtReplay, options=CodeReplayOptions,
+                "codes (Qu et al.; train-gan --generator vqvae2)", CwtReplay, options=CwtReplayOptions,
                 model_key="global", transfers=(CODES, "buffer", "model"), needs_buffers=True,
                 families=("federated",), published=True, discloses=DISCLOSES, as_trained_on="real + replayed",
                 bn_averaged="the last node's: the statistics of the node the model visited last, not the evaluating "

@@ -39,11 +39,15 @@ KEY = "global"
 FORGETTING = "forgetting"
 
 
+def forgetting_option() -> bool:
+    return flag(False, "CWT, CWT+Replay: score the model after each visit of the last cycle on every node's "
+                       "training data (the generative-replay study's Table 1; distributed, the model is broadcast "
+                       "after each visit, as eval traffic).")
+
+
 @dataclasses.dataclass(frozen=True)
 class CwtOptions:
-    forgetting: bool = flag(False, "CWT: score the model after each visit of the last cycle on every node's training "
-                                   "data (the generative-replay study's Table 1; distributed, the model is broadcast "
-                                   "after each visit, as eval traffic).")
+    forgetting: bool = forgetting_option()
 
 
 def full_batches(primary, replay, settings, generator) -> Batches:

@@ -40,8 +40,8 @@ class SharedDataAveraging(TrainsOnUnion, ServerAveraging):
         """Every node's part of the shared set to every other node; each ends with the union, in node order."""
         return all_to_all(fed, KIND, lambda node: fed.data.shared[node],
                           lambda node: encode_buffer(fed.data.shared[node].images, fed.data.shared[node].labels),
-                          lambda node, data: TensorSource(*decode_buffer(data, fed.data.image_shape,
-                                                                         fed.data.num_classes)))
+                          lambda node, sender, data: TensorSource(*decode_buffer(data, fed.data.image_shape,
+                                                                                 fed.data.num_classes)))
 
     def train_node(self, fed: "Federation", node: str, round_: int, model: nn.Module, epochs: int,
                    anchor: dict[str, torch.Tensor]) -> int:

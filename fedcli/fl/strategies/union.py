@@ -43,10 +43,10 @@ class TrainsOnUnion:
 
 
 def all_to_all(fed: "Federation", kind: str, own: Callable[[str], TensorSource], encode: Callable[[str], bytes],
-               decode: Callable[[str, bytes], TensorSource]) -> dict[str, TensorSource]:
+               decode: Callable[[str, str, bytes], TensorSource]) -> dict[str, TensorSource]:
     """Round 0: every node's payload (`encode(sender)`) to every other node, which decodes it
-    (`decode(receiver, bytes)`); each local node ends with every node's part, its own as `own` gives it, joined in
-    node order."""
+    (`decode(receiver, sender, bytes)`); each local node ends with every node's part, its own as `own` gives it,
+    joined in node order."""
     parts: dict[str, dict[str, TensorSource]] = {node: {} for node in fed.local_nodes}
     for sender in fed.nodes:
         if sender in fed.local_nodes:
@@ -57,6 +57,6 @@ def all_to_all(fed: "Federation", kind: str, own: Callable[[str], TensorSource],
                     fed.transport.send(0, sender, receiver, kind, payload)
         for receiver in fed.local_nodes:
             if receiver != sender:
-                parts[receiver][sender] = decode(receiver, fed.transport.receive(0, sender, receiver, kind))
+                parts[receiver][sender] = decode(receiver, sender, fed.transport.receive(0, sender, receiver, kind))
     fed.transport.flush()
     return {node: TensorSource.concat([held[n] for n in fed.nodes]) for node, held in parts.items()}

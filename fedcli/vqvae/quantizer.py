@@ -3,8 +3,10 @@
 The codebook is not trained by gradient: each code moves to the exponential moving average of the encoder
 outputs assigned to it (decay `decay`, Laplace-smoothed counts), and the encoder is held to its codes by the
 commitment loss beta ||sg[e] - E(x)||^2. The quantised output passes the decoder's gradient straight through
-to the encoder. A code whose smoothed count falls below `dead_below` (it stopped being chosen) restarts at an
-encoder output of the current batch, drawn from the trainer's keyed stream.
+to the encoder. A code whose EMA count (before smoothing) falls below `dead_below`, chosen less than about once
+a step of late, restarts at an encoder output of the current batch, drawn from the trainer's keyed stream. The
+counts start at 1, so every code the first batch leaves unused restarts at step 1 (a data-dependent
+initialisation); a restarted code left unused again restarts again at the next step.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ class Quantizer(nn.Module):
 
     @torch.no_grad()
     def restart_dead(self, flat: torch.Tensor, stream: torch.Generator) -> int:
-        """Codes whose count fell below `dead_below` restart at encoder outputs of this batch, drawn from `stream`
-        (count 1, so they are not restarted again at once)."""
+        """Codes whose count fell below `dead_below` restart at encoder outputs of this batch, drawn from `stream`,
+        with count 1."""
         dead = (self.cluster_size < self.dead_below).nonzero().flatten()
         if not len(dead):
             return 0

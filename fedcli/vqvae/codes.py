@@ -1,8 +1,9 @@
-"""A VQ-VAE-2 node's codes of its training images: in its GAN folder (codes.safetensors) and on the wire.
+"""A VQ-VAE-2 node's codes of its training images, as its GAN folder holds them (codes.safetensors).
 
 Codes are per-image encodings of real images (top and bottom index maps, with labels): whoever holds the
-decoder turns them back into reconstructions of those images. They travel as safetensors (int16 indices),
-and a receiver checks every map's shape, every index against the codebook and every label before decoding.
+decoder turns them back into reconstructions of those images. On the wire (fedcli/fl/payloads.py) they are
+int16 indices in safetensors, checked like the file: every map's shape, every index against the codebook and
+every label.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from pathlib import Path
 import torch
 
 from fedcli.artifact_kinds import load_recorded
-from fedcli.artifacts import tensor_bytes
 from fedcli.errors import UserError
-from fedcli.fl.payloads import PayloadError, load_payload
 from fedcli.layout import CODES
+from fedcli.replay.groups import interleave
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,11 @@ class NodeCodes:
         return len(self.labels)
 
     def first(self, n: int) -> NodeCodes:
-        return NodeCodes(self.top[:n], self.bottom[:n], self.labels[:n])
+        """n codes, classes in turn (each class's in its order), so a small n replays every class, as a buffer's
+        prefix does."""
+        pools = [(self.labels == c).nonzero().flatten().tolist() for c in sorted(set(self.labels.tolist()))]
+        index = torch.tensor(interleave(pools)[:n], dtype=torch.long)
+        return NodeCodes(self.top[index], self.bottom[index], self.labels[index])
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"top": self.top.to(torch.int16), "bottom": self.bottom.to(torch.int16), "labels": self.labels}
@@ -64,22 +68,6 @@ def codes_problem(tensors: dict, prefix: str, shape: CodeShape) -> str | None:
 
 def from_tensors(tensors: dict, prefix: str = "") -> NodeCodes:
     return NodeCodes(*(tensors[f"{prefix}{part}"].long() for part in ("top", "bottom", "labels")))
-
-
-def encode_codes(codes: dict[str, NodeCodes]) -> bytes:
-    """Codes by node, one payload."""
-    return tensor_bytes({f"{node}/{k}": v for node, c in codes.items() for k, v in c.tensors().items()},
-                        {"nodes": ",".join(codes)})
-
-
-def decode_codes(data: bytes, shape: CodeShape) -> dict[str, NodeCodes]:
-    tensors, metadata = load_payload(data, "codes")
-    nodes = [n for n in str(metadata.get("nodes", "")).split(",") if n]
-    for node in nodes:
-        problem = codes_problem(tensors, f"{node}/", shape)
-        if problem:
-            raise PayloadError(f"received codes of {node} {problem}")
-    return {node: from_tensors(tensors, f"{node}/") for node in nodes}
 
 
 def load_codes_file(folder: Path, node: str, manifest, shape: CodeShape) -> NodeCodes:

@@ -1,8 +1,8 @@
 """The VQ-VAE-2 (Razavi et al. 2019): two levels of codes, the bottom at 1/4 of the image side and the top at
 1/8 (at 256 px the generative-replay study's 64x64 and 32x32), each quantised with an EMA codebook
-(fedcli/gan/vq.py). The top level sees the bottom encoder's features; the bottom level quantises them together
-with the top's decoding, so the top carries global structure and the bottom the detail the top leaves out.
-The decoder reads both (the top's codes upsampled). The network is not class-conditional: the labels travel
+(fedcli/vqvae/quantizer.py). The top level sees the bottom encoder's features; the bottom level quantises them
+together with the top's decoding, so the top carries global structure and the bottom the detail the top leaves
+out. The decoder reads both (the top's codes upsampled). The network is not class-conditional: the labels travel
 beside the codes, and the prior (fedcli/gan/code_prior.py) is what draws codes of a class.
 """
 
@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedcli.gan.vq import Quantizer
+from fedcli.vqvae.codes import CodeShape, NodeCodes
+from fedcli.vqvae.quantizer import Quantizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,3 +125,21 @@ def loss(model: VqVae2, x: torch.Tensor, beta: float, stream: torch.Generator | 
     reconstruction, commitment, codes = model(x, stream)
     mse = F.mse_loss(reconstruction, x)
     return mse + beta * commitment, {"mse": mse.item(), "commitment": commitment.item()}, codes
+
+
+def code_shape(arch: VqArchitecture) -> CodeShape:
+    return CodeShape(arch.top_side, arch.bottom_side, arch.codes, arch.num_classes)
+
+
+def encode_all(model: VqVae2, images: torch.Tensor, labels: torch.Tensor, device: str) -> NodeCodes:
+    tops, bottoms = [], []
+    for start in range(0, len(images), 256):
+        top, bottom = model.encode(images[start:start + 256].to(device))
+        tops.append(top.cpu())
+        bottoms.append(bottom.cpu())
+    return NodeCodes(torch.cat(tops), torch.cat(bottoms), labels.clone())
+
+
+def decode_all(model: VqVae2, codes: NodeCodes, device: str) -> torch.Tensor:
+    return torch.cat([model.decode(codes.top[s:s + 256].to(device), codes.bottom[s:s + 256].to(device)).cpu()
+                      for s in range(0, len(codes), 256)]) if len(codes) else torch.empty(0)
