@@ -84,12 +84,13 @@ class CodeSampler:
 
     def __init__(self, generator: VqGenerator, codes: NodeCodes):
         self.generator, self.codes = generator, codes
+        self.pools = {c: (codes.labels == c).nonzero().flatten() for c in set(codes.labels.tolist())}
 
     @torch.no_grad()
     def sample(self, labels: torch.Tensor, stream: torch.Generator, truncation: float = 1.0) -> torch.Tensor:
         index = []
         for label in labels.tolist():
-            pool = (self.codes.labels == label).nonzero().flatten()
+            pool = self.pools[label]
             index.append(int(pool[torch.randint(len(pool), (), generator=stream)]))
         device = labels.device
         return self.generator.decode(self.codes.top[index].to(device), self.codes.bottom[index].to(device))
@@ -212,6 +213,7 @@ class SerialTraining:
         self.seen: dict[str, dict] = {}
         self.transport = InProcessTransport()
         self.final = self.chain()
+        self.final_bytes = encode_model(self.final.model.state_dict())  # what the last node returns to each node
 
     # -- the chain ------------------------------------------------------------------------
     def fingerprint(self) -> str:
@@ -306,7 +308,7 @@ class SerialTraining:
         last = self.nodes[-1]
         generator = built(lambda: VqGenerator(self.arch, self.prior), stream_seed(self.seed, node, "prior-init"))
         generator.to(self.device)
-        model_bytes = encode_model(self.final.model.state_dict())
+        model_bytes = self.final_bytes
         codes_bytes = encode_codes({node: self.final.codes[node]})
         if node != last:
             self.transport.send(len(self.nodes), last, node, "model", model_bytes)
