@@ -11,11 +11,11 @@ import typer
 from typer.core import TyperGroup
 
 from fedcli import __version__, console, events
-from fedcli.config import (AuditConfig, Device, GanConfig, LpipsNet, Metric, ModelName, PartitionConfig, PredictConfig,
-                           PrivacyLoss, PrivacyScale, ReportConfig, Scheme, SelectRule, Source, Task, number_or_keyword,
-                           read_recipe, resolve)
+from fedcli.config import (AuditConfig, Device, Engine, GanConfig, Launch, LpipsNet, Metric, ModelName,
+                           PartitionConfig, PredictConfig, PrivacyLoss, PrivacyScale, ReportConfig, Scheme, SelectRule,
+                           Source, Task, number_or_keyword, read_recipe, resolve)
 from fedcli.errors import UserError, environment_message
-from fedcli.fl.federate_config import Engine, FederateConfig, Launch, LrSchedule, Optimizer, Weighting
+from fedcli.fl.federate_config import FederateConfig, LrSchedule, Optimizer, Weighting
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import check_experiment_folder
 from fedcli.pipeline.shipped import locate, shipped_recipes
@@ -161,7 +161,8 @@ def partition(
 def train_gan(
     ctx: typer.Context,
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
-    node: Optional[str] = typer.Option(None, help="Train this node only (hospitals can run separately). "
+    node: Optional[str] = typer.Option(None, "--node", "--node-name", help="Train this node only (hospitals can run "
+                                       "separately); distributed: the node this process is \\[default: by rank]. "
                                        "Default: every node in turn.", show_default=False),
     generator: str = typer.Option(GanConfig.generator, help="Kind of generator: stylegan2 (FedER's GAN, per node) "
                                   "or vqvae2 (the generative-replay study's VQ-VAE-2, trained serially across the "
@@ -258,6 +259,13 @@ def train_gan(
     sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "
                                      "the saved generator."),
     device: Device = typer.Option(GanConfig.device, help="auto (CUDA when present), cpu or cuda."),
+    engine: Engine = typer.Option(GanConfig.engine, help="vqvae2: inprocess (the chain runs here) or distributed "
+                                  "(one torch.distributed process per node; each waits for its predecessor's "
+                                  "training). stylegan2 trains each node alone: --node on each node's machine."),
+    launch: Launch = typer.Option(GanConfig.launch, help="local: start one process per node on this machine "
+                                  "(loopback); none: this process is one node, started by torchrun."),
+    timeout: float = typer.Option(GanConfig.timeout, help="Distributed: seconds a transfer waits for a peer, and a "
+                                  "peer's heartbeat may stay silent, before the run stops."),
     threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     overwrite: bool = typer.Option(GanConfig.overwrite, help="Replace existing <exp>/gan/<node> folders."),

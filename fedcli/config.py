@@ -260,9 +260,14 @@ PrivacyScale = Literal["absolute", "relative"]
 SelectRule = Literal["stable", "last"]  # phase 1's snapshot rule, fedcli/gan/selection.py
 LpipsNet = Literal["vgg", "alex"]
 Device = Literal["auto", "cpu", "cuda"]
+Engine = Literal["inprocess", "distributed"]
+Launch = Literal["none", "local"]
 ModelName = Literal["cnn", "resnet18", "resnet34", "resnet50", "densenet121"]
 Auto = Literal["auto"]
 Off = Literal["off"]
+
+
+GAN_ENGINE_OPTIONS = frozenset({"engine", "launch", "timeout"})  # how train-gan runs, not what it makes (equal bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,11 +329,19 @@ class GanConfig:
     prior_layers: int = ranged(4, 1, 64)
     sample_only: bool = False
     device: Device = "auto"
+    engine: Engine = "inprocess"
+    launch: Launch = "none"
+    timeout: float = ranged(300.0, 0, 7 * 86400, low_open=True, why="seconds")  # per transfer or collective
     threads: int | None = ranged(None, 1, MAX_THREADS)
     overwrite: bool = False
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.launch != "none" and self.engine == "inprocess":
+            raise UserError("--launch applies to --engine distributed (the in-process engine runs every node here)")
+        if self.node is not None and self.launch == "local":
+            raise UserError("--node names the node of a process started by torchrun; --launch local assigns nodes "
+                            "itself, so drop --node")
         for name in ("r1_gamma", "ada_kimg", "ema_kimg"):
             value = getattr(self, name)
             if isinstance(value, str) and value != "auto":

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from fedcli.config import GanConfig
     from fedcli.data.dataset import NodeDataset
     from fedcli.data.manifest import Manifest
+    from fedcli.fl.transport import Transport
 
 RELEASED, STANDARD, CONTROL = "phase2", "phase1", "control"  # the roles, as config.json and samples.png name them
 
@@ -108,3 +109,8 @@ class SerialKind(GeneratorKind, Protocol):
     node's `train` hands that node its share; a trainer with `finish` is told when every node folder is written."""
 
     serial: bool
+
+    def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int, device: str,
+                local: Sequence[str] = (), transport: Transport | None = None) -> NodeTrainer:
+        """The chain over `nodes`, of which this process holds `local` (default: all), over `transport` (default:
+        in process; a distributed rank's holds its own node)."""

@@ -4,6 +4,7 @@ Algorithm 1 (what each institution sees, the final decoder, resuming), and cwt-r
 from __future__ import annotations
 
 import json
+import shutil
 
 import pandas as pd
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from conftest import copy_exp
 from fedcli.artifacts import load_tensors
+from fedcli.config import GAN_ENGINE_OPTIONS
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.fl import engine
@@ -173,7 +175,10 @@ def test_the_chain_resumes_after_an_institution_to_the_same_bytes(chain, tmp_pat
 
     monkeypatch.setattr(vqvae2.SerialTraining, "visit", crash)
     assert vqvae2_run(fresh).exit_code == 130  # interrupted at the third node
-    assert sorted(p.name for p in (fresh / "gan" / ".serial").iterdir()) == ["after-1.safetensors"]
+    # each institution's own checkpoint (on the distributed engine, each process writes its own)
+    assert sorted(p.name for p in (fresh / "gan" / ".serial").iterdir()) == ["after-0.safetensors",
+                                                                            "after-1.safetensors"]
+    drop_node_folders(fresh)
     monkeypatch.setattr(vqvae2.SerialTraining, "visit", original)
     visits = []
     monkeypatch.setattr(vqvae2.SerialTraining, "visit",
@@ -188,11 +193,47 @@ def test_the_chain_resumes_after_an_institution_to_the_same_bytes(chain, tmp_pat
         assert records[0]["serial"] == records[1]["serial"]  # the bytes it sent and received, across the resume
 
 
-def vqvae2_run(exp):
+def drop_node_folders(exp):
+    """The copied experiment's node folders go, so that what a test compares is what its run wrote."""
+    for node in Manifest.load(exp).node_names:
+        shutil.rmtree(exp / "gan" / node)
+
+
+def vqvae2_run(exp, *more):
     from fedcli.cli import app
     from typer.testing import CliRunner
 
-    return CliRunner().invoke(app, ["train-gan", "--exp", str(exp), "--overwrite", *TINY_VQ])
+    return CliRunner().invoke(app, ["train-gan", "--exp", str(exp), "--overwrite", *TINY_VQ, *more])
+
+
+def test_the_chain_runs_one_process_per_node_and_resumes_there_to_the_same_bytes(chain, tmp_path, monkeypatch):
+    """Interrupted in process after the first institution, the chain resumes on the distributed engine: the
+    second and third institutions train in processes of their own, each waiting for its predecessor, and every
+    node's files and recorded bytes equal the uninterrupted in-process run's."""
+    exp, _ = chain
+    fresh = copy_exp(exp, tmp_path)
+    original = vqvae2.SerialTraining.visit
+
+    def crash(self, k, node, held):
+        if k == 1:
+            raise KeyboardInterrupt
+        return original(self, k, node, held)
+
+    monkeypatch.setattr(vqvae2.SerialTraining, "visit", crash)
+    assert vqvae2_run(fresh).exit_code == 130
+    drop_node_folders(fresh)
+    monkeypatch.undo()
+    result = vqvae2_run(fresh, "--engine", "distributed", "--launch", "local")
+    assert result.exit_code == 0, result.output
+    nodes = Manifest.load(exp).node_names
+    for node in nodes:  # every process agreed where to resume
+        assert f"resuming the serial training after {nodes[0]} (1 of 3)" in (fresh / "logs" / f"{node}.log").read_text()
+    assert not (fresh / "gan" / ".serial").exists()
+    for node in nodes:
+        for name in ("generator.safetensors", "codes.safetensors", "buffer.safetensors", "metrics.csv"):
+            assert (fresh / "gan" / node / name).read_bytes() == (exp / "gan" / node / name).read_bytes(), name
+        records = [json.loads((e / "gan" / node / "config.json").read_text()) for e in (fresh, exp)]
+        assert records[0]["serial"] == records[1]["serial"] and records[0]["codes"] == records[1]["codes"]
 
 
 def test_the_serial_chain_bytes_are_the_payloads_it_sent(chain):
@@ -260,6 +301,9 @@ def test_the_replay_strategies_replay_a_prior_buffer_when_asked(chain, tmp_path,
     (["--alpha", "0.5"], "--alpha is not an option of generator kind vqvae2"),
     (["--dp-epsilon", "5"], "codes are encodings of real images"),
     (["--node", "node0"], "trains serially across every node"),
+    (["--launch", "local"], "--launch applies to --engine distributed"),
+    (["--engine", "distributed", "--launch", "local", "--node", "node0"], "--launch local assigns nodes itself"),
+    (["--engine", "distributed", "--generator", "stylegan2"], "a stylegan2 node trains on its own images alone"),
 ])
 def test_options_a_vqvae2_cannot_take_are_refused_in_one_line(chain, tmp_path, cli, args, says):
     exp = copy_exp(chain[0], tmp_path)
@@ -273,3 +317,13 @@ def test_code_replay_on_a_gan_experiment_and_an_audit_of_a_vqvae2_are_refused_in
     assert "replays VQ-VAE-2 codes" in cli.user_error("federate", "--exp", gan, "--strategy", "cwt-replay", *FED)
     vq = copy_exp(chain[0], tmp_path / "vq")
     assert "audit-privacy audits GAN generators" in cli.user_error("audit-privacy", "--exp", vq, "--threads", "1")
+
+
+def test_the_engine_options_leave_a_train_gan_units_fingerprint_unchanged(tmp_path):
+    from fedcli.config import GanConfig
+    from fedcli.pipeline.runner import plain
+
+    base = GanConfig(exp=tmp_path, generator="vqvae2")
+    distributed = GanConfig(exp=tmp_path, generator="vqvae2", engine="distributed", launch="local", timeout=60)
+    assert plain(base, GAN_ENGINE_OPTIONS) == plain(distributed, GAN_ENGINE_OPTIONS)
+    assert not GAN_ENGINE_OPTIONS & set(plain(base, GAN_ENGINE_OPTIONS))  # a recipe run before them: same key

@@ -13,13 +13,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
-from fedcli.config import (MAX_BATCH, MAX_COUNT, MAX_FOLDS, MAX_SEED, MAX_THREADS, Device, architectures, check_ranges,
-                           field_range, ranged, to_json)
+from fedcli.config import (MAX_BATCH, MAX_COUNT, MAX_FOLDS, MAX_SEED, MAX_THREADS, Device, Engine, Launch,
+                           architectures, check_ranges, field_range, ranged, to_json)
 from fedcli.errors import UserError
 from fedcli.fl.strategies import REGISTRY
 
-Engine = Literal["inprocess", "distributed"]
-Launch = Literal["none", "local"]
 LrSchedule = Literal["constant", "cosine", "step"]  # over init-epochs + R x E epochs (fl/local.py)
 Optimizer = Literal["adam", "sgd"]
 Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)

@@ -51,6 +51,14 @@ class Transport(abc.ABC):
     def receive(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
         """The next `kind` payload from `sender` to `receiver`, waiting for it if need be."""
 
+    def receive_whenever(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
+        """`receive`, for a payload sent only after work of unbounded length (a serial chain's training): it
+        waits past the timeout while the sender lives."""
+        return self.receive(round_, sender, receiver, kind)
+
+    def barrier_whenever(self, what: str) -> None:
+        """Wait until every process reached this point, however long each takes while it lives."""
+
     def flush(self) -> None:
         """Wait until every queued send has been delivered."""
 

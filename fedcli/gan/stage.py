@@ -18,12 +18,13 @@ import torch
 from fedcli import console, events
 from fedcli.artifact_kinds import CONFIG, file_record, file_sha256, record_files, stale_inputs
 from fedcli.artifacts import provenance, read_json, save_tensors, staged_output, write_csv, write_json
-from fedcli.config import GanConfig, settled, to_json
+from fedcli.config import GAN_ENGINE_OPTIONS, GanConfig, settled, to_json
 from fedcli.data.dataset import NodeDataset
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 from fedcli.devices import resolve_device, with_threads
 from fedcli.errors import UserError
+from fedcli.fl.transport import Transport
 from fedcli.gan import fidelity
 from fedcli.gan.kinds import generator_kind, load_generator
 from fedcli.gan.samples import write_samples
@@ -37,10 +38,11 @@ from fedcli.replay.record import kind_name, read_gan_config
 ROLE_FILES = {RELEASED: GENERATOR, STANDARD: GENERATOR_PHASE1, CONTROL: GENERATOR_CONTROL}
 COMMON_OPTIONS = frozenset({"exp", "node", "seed", "generator", "truncation", "buffer_size", "fidelity_model",
                             "fidelity_epochs", "fidelity_lr", "fidelity_batch", "fidelity_seeds", "sample_only",
-                            "device", "threads", "overwrite"})  # what train-gan itself reads, for every kind
+                            "device", "engine", "launch", "timeout", "threads",
+                            "overwrite"})  # what train-gan itself reads, for every kind
 
 
-RUN_LOCAL = frozenset({"exp", "node", "overwrite", "threads"})  # change where and how fast, not what a node makes
+RUN_LOCAL = frozenset({"exp", "node", "overwrite", "threads"}) | GAN_ENGINE_OPTIONS  # where and how fast, not what
 
 
 @with_threads
@@ -48,10 +50,15 @@ def run(cfg: GanConfig, keep_finished: bool = False) -> list[dict]:
     """Train (or, with sample_only, re-sample) the chosen nodes; return one summary per node. `keep_finished`
     (`fedcli run` after an interruption): a node whose folder this same config made, intact and from this
     partition, is kept rather than retrained (a node's training does not depend on the others')."""
-    manifest = Manifest.load(cfg.exp)
-    nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
-    with locked(cfg.exp, [gan_dir(cfg.exp, node) for node in nodes]):
-        summaries = run_nodes(cfg, manifest, nodes, keep_finished)
+    if cfg.engine == "distributed":
+        from fedcli.gan import distributed  # it imports this module
+
+        summaries = distributed.run(cfg, keep_finished)
+    else:
+        manifest = Manifest.load(cfg.exp)
+        nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
+        with locked(cfg.exp, [gan_dir(cfg.exp, node) for node in nodes]):
+            summaries = run_nodes(cfg, manifest, nodes, keep_finished)
     warn_low_fidelity(summaries)
     return summaries
 
@@ -73,10 +80,12 @@ def warn_low_fidelity(summaries: list[dict]) -> None:
                      "samples.png, train longer (--iterations) or, below the control, lower --alpha")
 
 
-def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finished: bool) -> list[dict]:
-    """`run`, with the nodes' folders locked."""
+def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finished: bool,
+              transport: Transport | None = None, device: str | None = None) -> list[dict]:
+    """`run`, with the nodes' folders locked; a distributed rank (fedcli/gan/distributed.py) gives its node, its
+    transport and its device."""
     seed = manifest["seed"] if cfg.seed is None else cfg.seed
-    device = resolve_device(cfg.device)
+    device = device or resolve_device(cfg.device)
     if cfg.sample_only:
         return [resample(cfg, manifest, node, seed, device) for node in nodes]
     kind = generator_kind(cfg.generator)
@@ -89,8 +98,12 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
     for node in kept:
         console.out.print(f"node {node}: kept, made by this same configuration before an interruption")
     with events.stage_log(cfg.exp, "train-gan"):  # the FID checks, as they come (gan/progress.py)
-        serial = getattr(kind, "serial", False)  # a serial kind trains every node's share here, in one chain
-        trainer = kind.trainer(cfg, manifest, manifest.node_names if serial else todo, seed, device) if todo else None
+        if not todo:
+            trainer = None
+        elif getattr(kind, "serial", False):  # one chain over every node; this process holds `nodes`
+            trainer = kind.trainer(cfg, manifest, manifest.node_names, seed, device, nodes, transport)
+        else:
+            trainer = kind.trainer(cfg, manifest, todo, seed, device)
         summaries = [kept[node] if node in kept else train_node(cfg, manifest, kind, trainer, node, seed, device)
                      for node in nodes]
     if hasattr(trainer, "finish"):
@@ -125,7 +138,17 @@ def finished(cfg: GanConfig, node: str) -> dict | None:
     theirs = settled({k: v for k, v in saved["config"].items() if k not in RUN_LOCAL})
     if ours != theirs or saved.get("files") != record_files(folder) or stale_inputs(folder / CONFIG):
         return None
+    return summary(saved)
+
+
+def summary(saved: dict) -> dict:
+    """A node's summary: its config.json less provenance and files."""
     return {k: v for k, v in saved.items() if k not in {*provenance("train-gan", {}, 0, {}), "files"}}
+
+
+def written(cfg: GanConfig, node: str) -> dict:
+    """The summary of the node folder a process of this run wrote."""
+    return summary(read_json(gan_dir(cfg.exp, node) / CONFIG, "GAN config"))
 
 
 def check_options(cfg: GanConfig, kind: GeneratorKind) -> None:

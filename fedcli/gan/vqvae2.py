@@ -17,12 +17,15 @@ Algorithm 1 leaves two things open; fedcli's choices:
 
 Each node then trains its own class-conditional prior on its codes (--prior-iterations; 0: none); its buffer
 is the prior's samples (synthetic), or without a prior its decoded codes (reconstructions of its real images).
-The chain travels over fedcli's in-process transport (serialized bytes, recorded per node) and is resumable
-after each institution (gan/.serial/).
+The chain travels over a fedcli transport (serialized bytes, recorded per node): in process, or with
+`--engine distributed` one process per node over torch.distributed (fedcli/gan/distributed.py), where each
+institution waits for its predecessor's training however long it takes, while that process lives. It is
+resumable after each institution on either engine (gan/.serial/after-k, written by institution k).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -39,7 +42,7 @@ from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.payloads import decode_codes, decode_model, encode_codes, encode_model
-from fedcli.fl.transport import InProcessTransport, Transfer
+from fedcli.fl.transport import InProcessTransport, Transport
 from fedcli.gan.code_prior import CodePrior, PriorArchitecture
 from fedcli.generators import RELEASED, Trained
 from fedcli.layout import CODES, GENERATOR, SERIAL, inside
@@ -51,6 +54,7 @@ from fedcli.vqvae.networks import VqArchitecture, VqVae2, code_shape, decode_all
 from fedcli.vqvae.quantizer import perplexity
 
 CHAIN_OPTIONS = ("iterations", "batch", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim", "vq_channels")
+CHECKPOINT_FORMAT = 2  # per institution, its own rows and bytes (format 1 held one file with every node's)
 RECONSTRUCTIONS = "decoded"  # the role of the sampler of decoded codes, beside a prior's samples
 
 
@@ -122,9 +126,9 @@ class VqVae2Kind:
               RECONSTRUCTIONS: "decoded codes of its real images"}
     serial = True
 
-    def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
-                device: str) -> SerialTraining:
-        if cfg.node:
+    def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int, device: str,
+                local: Sequence[str] = (), transport: Transport | None = None) -> SerialTraining:
+        if cfg.node and cfg.engine == "inprocess":
             raise UserError(f"--node {cfg.node}: a vqvae2 generator trains serially across every node in turn "
                             "(Algorithm 1); drop --node")
         if cfg.private:
@@ -132,7 +136,8 @@ class VqVae2Kind:
                             "DP guarantee covers, and a DP VQ-VAE-2 (releasing prior samples only) is not built; use "
                             "--generator stylegan2 for a DP buffer")
         arch = architecture(cfg, manifest)
-        return SerialTraining(cfg, manifest, list(nodes), seed, device, arch, prior_architecture(cfg, arch))
+        return SerialTraining(cfg, manifest, list(nodes), seed, device, arch, prior_architecture(cfg, arch),
+                              list(local or nodes), transport or InProcessTransport())
 
     def build(self, record: dict) -> VqGenerator:
         prior = record.get("prior_architecture")
@@ -197,7 +202,8 @@ class Held:
 
 @dataclasses.dataclass
 class SerialTraining:
-    """The chain across the nodes, run once when built (resuming from gan/.serial/), then each node's Trained."""
+    """The chain across the nodes, run when built (resuming from gan/.serial/), then each node's Trained. In
+    process every node is `local`; on a distributed rank only its own, and the others' steps happen elsewhere."""
 
     cfg: GanConfig
     manifest: Manifest
@@ -206,40 +212,77 @@ class SerialTraining:
     device: str
     arch: VqArchitecture
     prior: PriorArchitecture | None
+    local: list[str]
+    transport: Transport
 
     def __post_init__(self) -> None:
         self.folder = inside(self.cfg.exp, "gan", SERIAL)
-        self.rows: dict[str, list[dict]] = {node: [] for node in self.nodes}
+        self.rows: dict[str, list[dict]] = {node: [] for node in self.local}
         self.seen: dict[str, dict] = {}
-        self.transport = InProcessTransport()
+        self.sent = {node: 0 for node in self.local}  # bytes, as each node's config.json records them
+        self.received = {node: 0 for node in self.local}
         self.final = self.chain()
-        self.final_bytes = encode_model(self.final.model.state_dict())  # what the last node returns to each node
+
+    @property
+    def last(self) -> str:
+        return self.nodes[-1]
 
     # -- the chain ------------------------------------------------------------------------
     def fingerprint(self) -> str:
         """What decides the chain's numbers: its options, the device, the seed, the partition and the order."""
         config = {k: v for k, v in to_json(self.cfg).items() if k in CHAIN_OPTIONS}
-        text = json.dumps([config, self.device, self.seed, self.manifest.content_hash, self.nodes], sort_keys=True)
+        device = torch.device(self.device).type  # a distributed rank's cuda:k computes as cuda does
+        text = json.dumps([CHECKPOINT_FORMAT, config, device, self.seed, self.manifest.content_hash, self.nodes],
+                          sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def chain(self) -> Held:
+    def chain(self) -> Held | None:
+        """Each local institution in turn: receive, train, send on, checkpoint; the last returns the final
+        model and each node's codes to every node. The last institution's Held where it is local, else None."""
         held, start = self.resume()
         for k in range(start, len(self.nodes)):
             node = self.nodes[k]
+            if node not in self.local:
+                continue
             if k > 0:
-                held = self.hand_over(k, held)
+                held = self.receive(k)
             held = self.visit(k, node, held)
+            if node != self.last:
+                self.send_on(k, held)
             self.checkpoint(k, held)
+        if self.last not in self.local:
+            return None
+        self.final_bytes = encode_model(held.model.state_dict())  # serialized once for every node's return leg
+        for node in self.nodes[:-1]:
+            self.send(len(self.nodes), self.last, node, "model", self.final_bytes)
+            self.send(len(self.nodes), self.last, node, "codes", encode_codes({node: held.codes[node]}))
+        self.transport.flush()  # every node waits for its share
         return held
 
-    def hand_over(self, k: int, held: Held) -> Held:
-        """Institution k-1 sends its weights and the codes so far to institution k."""
+    def send(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes, counted: bool = True) -> None:
+        self.transport.send(round_, sender, receiver, kind, payload)
+        if counted:
+            self.sent[sender] += len(payload)
+
+    def received_bytes(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
+        """A payload that comes after its sender's training, however long that takes (a live sender)."""
+        payload = self.transport.receive_whenever(round_, sender, receiver, kind)
+        self.received[receiver] += len(payload)
+        return payload
+
+    def send_on(self, k: int, held: Held, counted: bool = True) -> None:
+        """Institution k sends its weights and the codes so far to institution k + 1."""
+        node, after = self.nodes[k], self.nodes[k + 1]
+        self.send(k + 1, node, after, "model", encode_model(held.model.state_dict()), counted)
+        self.send(k + 1, node, after, "codes", encode_codes(held.codes), counted)
+        self.transport.flush()  # institution k + 1 is waiting for it
+
+    def receive(self, k: int) -> Held:
+        """What institution k - 1 sent, validated: the model, and codes of exactly the earlier institutions."""
         before, node = self.nodes[k - 1], self.nodes[k]
-        self.transport.send(k, before, node, "model", encode_model(held.model.state_dict()))
-        self.transport.send(k, before, node, "codes", encode_codes(held.codes))
         model = built(lambda: VqVae2(self.arch)).to(self.device)
-        model.load_state_dict(decode_model(self.transport.receive(k, before, node, "model"), model.state_dict()))
-        codes = decode_codes(self.transport.receive(k, before, node, "codes"), code_shape(self.arch), self.nodes[:k])
+        model.load_state_dict(decode_model(self.received_bytes(k, before, node, "model"), model.state_dict()))
+        codes = decode_codes(self.received_bytes(k, before, node, "codes"), code_shape(self.arch), self.nodes[:k])
         return Held(model, codes)
 
     def visit(self, k: int, node: str, held: Held | None) -> Held:
@@ -261,60 +304,77 @@ class SerialTraining:
 
     # -- resuming -------------------------------------------------------------------------
     def checkpoint(self, k: int, held: Held) -> None:
+        """After institution k trained and sent on: what it holds, and its rows, record and bytes so far."""
+        node = self.nodes[k]
         tensors = {f"model.{key}": v.detach().cpu() for key, v in held.model.state_dict().items()}
-        for node, codes in held.codes.items():
-            tensors |= {f"codes.{node}.{key}": v for key, v in codes.tensors().items()}
-        metadata = {"fingerprint": self.fingerprint(), "institution": str(k), "node": self.nodes[k],
-                    "seen": json.dumps(self.seen), "rows": json.dumps(self.rows),
-                    "transfers": json.dumps([t.__dict__ for t in self.transport.transfers])}
+        for owner, codes in held.codes.items():
+            tensors |= {f"codes.{owner}.{key}": v for key, v in codes.tensors().items()}
+        metadata = {"fingerprint": self.fingerprint(), "institution": str(k), "node": node,
+                    "seen": json.dumps(self.seen[node]), "rows": json.dumps(self.rows[node]),
+                    "bytes": json.dumps([self.sent[node], self.received[node]])}
         self.folder.mkdir(parents=True, exist_ok=True)
-        save_tensors(self.folder / f"after-{k}.safetensors", tensors, metadata)
-        for older in self.folder.glob("after-*.safetensors"):
-            if older.name != f"after-{k}.safetensors":
-                older.unlink()
+        save_tensors(self.checkpoint_path(k), tensors, metadata)
+
+    def checkpoint_path(self, k: int):
+        return self.folder / f"after-{k}.safetensors"
+
+    def readable(self, k: int) -> tuple[dict, dict] | None:
+        """Institution k's checkpoint when this same configuration wrote it whole."""
+        try:
+            tensors, metadata = parse_tensors(self.checkpoint_path(k).read_bytes())
+        except (OSError, ValueError):  # none, or not one this chain wrote whole
+            return None
+        return (tensors, metadata) if metadata.get("fingerprint") == self.fingerprint() else None
 
     def resume(self) -> tuple[Held | None, int]:
-        """The chain after the latest checkpointed institution of this same configuration, else the start."""
-        found = list(self.folder.glob("after-*.safetensors")) if self.folder.is_dir() else []
-        for path in sorted(found, key=lambda p: -int(p.stem.removeprefix("after-"))):
-            try:
-                tensors, metadata = parse_tensors(path.read_bytes())
-            except ValueError:  # not a checkpoint this chain wrote whole: start over
-                continue
-            if metadata.get("fingerprint") != self.fingerprint():
-                continue
-            k = int(metadata["institution"])
-            model = built(lambda: VqVae2(self.arch)).to(self.device)
-            model.load_state_dict({key.removeprefix("model."): v.to(self.device) for key, v in tensors.items()
-                                   if key.startswith("model.")})
-            codes = {node: from_tensors(tensors, f"codes.{node}.") for node in self.nodes[:k + 1]}
-            self.seen, self.rows = json.loads(metadata["seen"]), json.loads(metadata["rows"])
-            self.transport.transfers = [Transfer(**t) for t in json.loads(metadata["transfers"])]
-            console.out.print(f"vqvae2: resuming the serial training after {self.nodes[k]} "
-                              f"({k + 1} of {len(self.nodes)})")
-            return Held(model, codes), k + 1
-        return None, 0
+        """The chain after institution m, where every institution up to m (as every process found them) holds a
+        checkpoint of this same configuration; else the start. The hand-over into m + 1 is sent again (the
+        interruption may have cut it), uncounted: its bytes are in m's checkpoint."""
+        mine = {k: found for k, node in enumerate(self.nodes) if node in self.local
+                and (found := self.readable(k)) is not None}
+        everywhere = {k for found in self.transport.gather(sorted(mine), "the serial chain's checkpoints")
+                      for k in found}
+        m = -1
+        while m + 1 in everywhere:
+            m += 1
+        held = None
+        for k in (k for k in mine if k <= m):
+            tensors, metadata = mine[k]
+            node = self.nodes[k]
+            self.seen[node], self.rows[node] = json.loads(metadata["seen"]), json.loads(metadata["rows"])
+            self.sent[node], self.received[node] = json.loads(metadata["bytes"])
+            if k == m:
+                model = built(lambda: VqVae2(self.arch)).to(self.device)
+                model.load_state_dict({key.removeprefix("model."): v.to(self.device) for key, v in tensors.items()
+                                       if key.startswith("model.")})
+                held = Held(model, {owner: from_tensors(tensors, f"codes.{owner}.") for owner in self.nodes[:k + 1]})
+                if self.nodes[k] != self.last:
+                    self.send_on(k, held, counted=False)
+        if m >= 0:
+            console.out.print(f"vqvae2: resuming the serial training after {self.nodes[m]} "
+                              f"({m + 1} of {len(self.nodes)})")
+        return held, m + 1
 
     def finish(self) -> None:
-        """The node folders are written: the checkpoints are no longer needed."""
-        for path in self.folder.glob("after-*.safetensors") if self.folder.is_dir() else []:
-            path.unlink()
-        if self.folder.is_dir() and not any(self.folder.iterdir()):
+        """Every node folder is written (every process's: the barrier waits for their priors and fidelity
+        scores, however long): the local checkpoints go, and the folder once empty."""
+        self.transport.barrier_whenever("writing the node folders")
+        for k, node in enumerate(self.nodes):
+            if node in self.local:
+                self.checkpoint_path(k).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty, or another process removed it first
             self.folder.rmdir()
 
     # -- each node's share ----------------------------------------------------------------
     def train(self, node: str, data: NodeDataset) -> Trained:
         """The final VQ-VAE-2 and the node's codes, returned to it by the last institution; its prior."""
-        last = self.nodes[-1]
         generator = built(lambda: VqGenerator(self.arch, self.prior), stream_seed(self.seed, node, "prior-init"))
         generator.to(self.device)
-        model_bytes = self.final_bytes
-        codes_bytes = encode_codes({node: self.final.codes[node]})
-        if node != last:
-            self.transport.send(len(self.nodes), last, node, "model", model_bytes)
-            self.transport.send(len(self.nodes), last, node, "codes", codes_bytes)
-            model_bytes = self.transport.receive(len(self.nodes), last, node, "model")
-            codes_bytes = self.transport.receive(len(self.nodes), last, node, "codes")
+        if node == self.last:
+            model_bytes, codes_bytes = self.final_bytes, encode_codes({node: self.final.codes[node]})
+        else:
+            model_bytes = self.received_bytes(len(self.nodes), self.last, node, "model")
+            codes_bytes = self.received_bytes(len(self.nodes), self.last, node, "codes")
         generator.vqvae.load_state_dict(decode_model(model_bytes, generator.vqvae.state_dict()))
         codes = decode_codes(codes_bytes, code_shape(self.arch), [node])[node]
         rows = list(self.rows[node])
@@ -334,11 +394,10 @@ class SerialTraining:
         meta = {"node": node, "manifest": self.manifest.content_hash}
         files = {GENERATOR: ({k: v.detach().cpu() for k, v in generator.state_dict().items()}, meta),
                  CODES: (codes.tensors(), meta)}
-        received = sum(t.bytes for t in self.transport.transfers if t.receiver == node)
-        sent = sum(t.bytes for t in self.transport.transfers if t.sender == node)
         record = {"architecture": dataclasses.asdict(self.arch), "device": self.device, "train_images": len(data),
                   "prior_architecture": dataclasses.asdict(self.prior) if self.prior else None,
-                  "serial": {"order": self.nodes, **self.seen[node], "bytes_received": received, "bytes_sent": sent},
+                  "serial": {"order": self.nodes, **self.seen[node], "bytes_received": self.received[node],
+                             "bytes_sent": self.sent[node]},
                   "codes": {"images": len(codes), "perplexity_top": perplexity(codes.top, self.arch.codes),
                             "perplexity_bottom": perplexity(codes.bottom, self.arch.codes),
                             "reconstruction_mse": mse},

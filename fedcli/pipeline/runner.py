@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from fedcli import console
-from fedcli.config import LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
+from fedcli.config import GAN_ENGINE_OPTIONS, LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.fl.federate_config import FederateConfig, inapplicable, resolved_options
 from fedcli.fl.strategies import REGISTRY
@@ -76,7 +76,7 @@ class Runner:
                   lambda: stage_run("fedcli.data.partition", part, reserved=REGISTRY.reserved_names()))
         if not self.dry_run:
             self.prune_point(folder, fed)
-        g_fp = fingerprint("train-gan", plain(gan), [p_fp])
+        g_fp = fingerprint("train-gan", plain(gan, GAN_ENGINE_OPTIONS), [p_fp])
         self.unit(folder, point.name, "train-gan", g_fp, "gan",
                   lambda: stage_run("fedcli.gan.stage", gan, keep_finished=True))
         for strategy in fed.strategy:
@@ -227,9 +227,10 @@ def adopt(target: Path, rel: str, unit: str, fp: str) -> bool:
     return True
 
 
-def plain(cfg) -> dict[str, Any]:
-    """What a unit's fingerprint holds of its config: all but where it runs and how fast (threads)."""
-    return settled({k: v for k, v in to_json(cfg).items() if k not in NOT_FINGERPRINTED})
+def plain(cfg, leave_out: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """What a unit's fingerprint holds of its config: all but where it runs and how fast (threads), and the
+    stage's `leave_out` (train-gan's engine options: both engines make the same bytes)."""
+    return settled({k: v for k, v in to_json(cfg).items() if k not in NOT_FINGERPRINTED | leave_out})
 
 
 def federate_key(cfg: FederateConfig) -> dict[str, Any]:

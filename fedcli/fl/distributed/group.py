@@ -135,10 +135,44 @@ class Group:
         try:
             yield
         except RuntimeError as exc:
-            message, self._lost = self.diagnose(what, peer)
-            with contextlib.suppress(RuntimeError):
-                self.store.add("reported", 1)
-            raise PeerLost(message) from exc
+            raise self.lost(*self.diagnose(what, peer)) from exc
+
+    def lost(self, message: str, missing: int) -> PeerLost:
+        self._lost = missing
+        with contextlib.suppress(RuntimeError):
+            self.store.add("reported", 1)
+        return PeerLost(message)
+
+    def post(self, key: str) -> None:
+        """Count a payload posted under `key` in the store, for a receiver that waits for it (`await_posted`)."""
+        self.store.add(key, 1)
+
+    def await_posted(self, key: str, count: int, peers: list[int], what: str) -> None:
+        """Until `count` posts under `key`, however long that takes while the `peers`' heartbeats go on; a peer
+        silent for the timeout, or a verdict another rank published, stops the wait in one line naming the node.
+        (A peer alive but hung is waited for: this cannot tell it from a long training.)"""
+        beats, since = {}, {peer: time.monotonic() for peer in peers}
+        while True:
+            try:
+                if self.store.add(key, 0) >= count:
+                    return
+                if (published := published_verdict(self.store)) is not None:
+                    raise self.lost(*published)
+                now = {peer: self.store.add(f"beat/{peer}", 0) for peer in peers}
+            except RuntimeError:  # the store went with its host
+                raise self.lost(*self.diagnose(what, peers[0] if len(peers) == 1 else None)) from None
+            for peer in peers:
+                if now[peer] != beats.get(peer):
+                    beats[peer], since[peer] = now[peer], time.monotonic()
+            silent = [peer for peer in peers if time.monotonic() - since[peer] > self.timeout]
+            if silent:
+                raise self.lost(*self._verdict(silent, f"its heartbeat stopped for {self.timeout:g} s", what))
+            time.sleep(HEARTBEAT_S)
+
+    def barrier_whenever(self, key: str, what: str) -> None:
+        """Every rank reached `key`, however long each takes while it lives (`await_posted` on every peer)."""
+        self.post(key)
+        self.await_posted(key, self.world, [r for r in range(self.world) if r != self.rank], what)
 
     def diagnose(self, what: str, peer: int | None) -> tuple[str, int]:
         """Which node stopped, and how many: the published verdict, else silent heartbeats, else ranks

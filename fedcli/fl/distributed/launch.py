@@ -61,39 +61,74 @@ def start_nodes(cfg: FederateConfig, manifest: Manifest, runs: list[tuple[str, i
             load_buffer(cfg.exp, manifest, node, cfg.buffer_size, buffer_user(cfg))
     nodes = manifest.node_names
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // len(nodes))
+    configs = {node: to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node)) for node in nodes}
+    tensorboard = [TENSORBOARD_FLAG] if events.tensorboard_wanted() else []
+    ended = spawn(cfg.exp, configs, "fedcli.fl.distributed.worker", tensorboard, threads, cfg.timeout)
+    if ended.failed:
+        resumable = MISMATCH_EXIT not in ended.failed.values() and any(  # a round every node's part on disk holds
+            Checkpoint(checkpoint_dir(federate_dir(cfg.exp, name, fold)), []).rounds() for name, fold in runs)
+        line = ended.line(cfg.exp, cfg.timeout,
+                          "; the last completed round is checkpointed: rerun with --resume" if resumable else "")
+        raise CheckpointMismatch(line) if MISMATCH_EXIT in ended.failed.values() else UserError(line)
+    return [StrategyRun(name, fold, federate_dir(cfg.exp, name, fold),
+                        pd.read_csv(federate_dir(cfg.exp, name, fold) / "metrics.csv").to_dict("records"), nodes)
+            for name, fold in runs]
+
+
+@dataclasses.dataclass
+class Ended:
+    """How the nodes of a launch ended: the exit code of each that failed, its last error line, the node the
+    survivors named, and those the launcher had to kill."""
+
+    failed: dict[str, int]
+    errors: dict[str, str | None]
+    named: str | None
+    stuck: list[str]
+
+    def line(self, exp: Path, timeout: float, tail: str) -> str:
+        """One line: which node stopped and how, what the others saw, and how to continue (`tail`)."""
+        killed = [f"{node} was killed by {signal.Signals(-code).name}" for node, code in self.failed.items()
+                  if code < 0 and node not in self.stuck]
+        causes = [f"node {node}: {message or f'exit code {self.failed[node]}; see its log'}"
+                  for node, message in self.errors.items()
+                  if self.failed[node] > 0 and not (message or "").startswith("lost ")]
+        if killed:
+            parts = killed + ([f"the others stopped ({self.named})"] if self.named else [])
+        else:
+            parts = causes[:1] or [self.named or "see the logs"]
+        if self.stuck:
+            parts.append(f"the launcher killed {', '.join(self.stuck)}, still running {timeout + GRACE_S:g} s later")
+        return "distributed run failed: " + "; ".join(parts) + tail + f" (logs: {exp / 'logs'})"
+
+
+def spawn(exp: Path, configs: dict[str, dict], module: str, flags: list[str], threads: int, timeout: float) -> Ended:
+    """One process per node (`python -m module CONFIG.json *flags`, the node's config values), rank by rank in
+    the order given, over a store this launcher hosts; watched until every one has ended."""
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=cfg.timeout))
+                          timeout=datetime.timedelta(seconds=timeout))
     with tempfile.TemporaryDirectory(prefix="fedcli-launch-") as tmp:
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(len(nodes)),
-               "LOCAL_WORLD_SIZE": str(len(nodes)), "FEDCLI_STORE_HOSTED": "1", "OMP_NUM_THREADS": str(threads),
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(len(configs)),
+               "LOCAL_WORLD_SIZE": str(len(configs)), "FEDCLI_STORE_HOSTED": "1", "OMP_NUM_THREADS": str(threads),
                TOKEN_ENV: TOKEN}
         procs, logs = {}, {}
-        tensorboard = [TENSORBOARD_FLAG] if events.tensorboard_wanted() else []
-        for rank, node in enumerate(nodes):
+        for rank, (node, values) in enumerate(configs.items()):
             config = Path(tmp) / f"{node}.json"  # the node is named, so no rank looks it up in another's manifest
-            values = to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node))
             config.write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
-            log = log_path(cfg.exp, node)
+            log = log_path(exp, node)
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab") as handle:  # the child keeps its own descriptor
                 logs[node] = (log, handle.tell())  # this launch's lines start here
                 procs[node] = subprocess.Popen(
-                    [sys.executable, "-m", "fedcli.fl.distributed.worker", str(config), *tensorboard], stdout=handle,
+                    [sys.executable, "-m", module, str(config), *flags], stdout=handle,
                     stderr=None if rank == 0 else handle, env=env | {"RANK": str(rank), "LOCAL_RANK": str(rank)})
         try:
-            stuck = watch(procs, cfg.timeout + GRACE_S)
+            stuck = watch(procs, timeout + GRACE_S)
         except BaseException:
             stop(procs)
             raise
     failed = {node: p.returncode for node, p in procs.items() if p.returncode != 0}
-    if failed:
-        line = failure_line(cfg, runs, failed, {node: last_error(*logs[node]) for node in failed}, verdict(store),
-                            stuck)
-        raise CheckpointMismatch(line) if MISMATCH_EXIT in failed.values() else UserError(line)
-    return [StrategyRun(name, fold, federate_dir(cfg.exp, name, fold),
-                        pd.read_csv(federate_dir(cfg.exp, name, fold) / "metrics.csv").to_dict("records"), nodes)
-            for name, fold in runs]
+    return Ended(failed, {node: last_error(*logs[node]) for node in failed}, verdict(store) if failed else None, stuck)
 
 
 def watch(procs: dict[str, subprocess.Popen], patience: float) -> list[str]:
@@ -125,25 +160,6 @@ def verdict(store: dist.Store) -> str | None:
     except RuntimeError:
         return None
     return None if published is None else published[0]
-
-
-def failure_line(cfg: FederateConfig, runs: list[tuple[str, int | None]], failed: dict[str, int],
-                 errors: dict[str, str | None], named: str | None, stuck: list[str]) -> str:
-    """One line: which node stopped and how, what the others saw, and how to continue."""
-    killed = [f"{node} was killed by {signal.Signals(-code).name}" for node, code in failed.items()
-              if code < 0 and node not in stuck]
-    causes = [f"node {node}: {message or f'exit code {failed[node]}; see its log'}"
-              for node, message in errors.items() if failed[node] > 0 and not (message or "").startswith("lost ")]
-    if killed:
-        parts = killed + ([f"the others stopped ({named})"] if named else [])
-    else:
-        parts = causes[:1] or [named or "see the logs"]
-    if stuck:
-        parts.append(f"the launcher killed {', '.join(stuck)}, still running {cfg.timeout + GRACE_S:g} s later")
-    resumable = MISMATCH_EXIT not in failed.values() and any(  # a round that every node's part on disk holds
-        Checkpoint(checkpoint_dir(federate_dir(cfg.exp, name, fold)), []).rounds() for name, fold in runs)
-    tail = "; the last completed round is checkpointed: rerun with --resume" if resumable else ""
-    return "distributed run failed: " + "; ".join(parts) + tail + f" (logs: {cfg.exp / 'logs'})"
 
 
 def last_error(log: Path, start: int) -> str | None:

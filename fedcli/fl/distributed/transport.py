@@ -30,6 +30,11 @@ class TorchTransport(Transport):
         self.group, self.strategy = group, strategy
         self.rank_of = {name: rank for rank, name in enumerate(group.names)}
         self._pending: list = []
+        self._taken: dict[str, int] = {}  # payloads received, per sender, receiver and kind
+
+    @staticmethod
+    def _key(sender: str, receiver: str, kind: str) -> str:
+        return f"posted/{sender}>{receiver}/{kind}"
 
     def _where(self, round_: int, detail: str) -> str:
         return f"round {round_} of {self.strategy} ({detail})"
@@ -38,10 +43,22 @@ class TorchTransport(Transport):
         self.record(round_, sender, receiver, kind, len(payload))
         with self.group.step(self._where(round_, f"sending the {kind} to {receiver}"), self.rank_of[receiver]):
             self._pending += self.group.send_bytes(self.rank_of[receiver], TAGS[kind], payload)
+            self.group.post(self._key(sender, receiver, kind))
 
     def receive(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
+        key = self._key(sender, receiver, kind)
+        self._taken[key] = self._taken.get(key, 0) + 1
         with self.group.step(self._where(round_, f"waiting for the {kind} from {sender}"), self.rank_of[sender]):
             return self.group.recv_bytes(self.rank_of[sender], TAGS[kind])
+
+    def receive_whenever(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
+        key = self._key(sender, receiver, kind)
+        self.group.await_posted(key, self._taken.get(key, 0) + 1, [self.rank_of[sender]],
+                                self._where(round_, f"waiting for {sender} to train and send the {kind}"))
+        return self.receive(round_, sender, receiver, kind)
+
+    def barrier_whenever(self, what: str) -> None:
+        self.group.barrier_whenever(f"reached/{self.strategy}/{what}", f"{self.strategy}: {what}")
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []

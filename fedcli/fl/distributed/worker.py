@@ -12,24 +12,25 @@ folder also write the stage's events, one line per round with every node's metri
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import secrets
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fedcli import events
 from fedcli.artifact_kinds import file_sha256
-from fedcli.artifacts import canonical_json, load_tensors, save_tensors
+from fedcli.artifacts import load_tensors, save_tensors
 from fedcli.config import stage_values, to_json
 from fedcli.data.node_manifest import NodeManifest, load_node_manifest
 from fedcli.devices import distributed_backend, resolve_device, torch_threads
 from fedcli.errors import UserError, environment_message
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.distributed.group import Group
+from fedcli.fl.distributed.rendezvous import claim_nodes
 from fedcli.fl.distributed.transport import TorchTransport
 from fedcli.fl import engine
 from fedcli.fl.federate_config import FederateConfig
@@ -100,27 +101,10 @@ class Rank:
 
     def assign_nodes(self) -> None:
         """Rank -> node, and one partition and one set of options across every rank."""
-        nodes = self.manifest.node_names
         # may differ between ranks: where things lie, the hardware, how patient, what to overwrite
         local = ("exp", "device", "model_weights", "threads", "timeout", "node", "launch", "overwrite")
-        options = {k: v for k, v in to_json(self.cfg).items() if k not in local}
-        digest = hashlib.sha256(canonical_json(options).encode())
-        claims = self.group.exchange("the rendezvous", [self.node, self.manifest.content_hash, digest.hexdigest()])
-        names = [c[0] for c in claims]
-        self.group.assign(names)
-        if self.group.world != len(nodes):
-            raise UserError(f"{self.group.world} processes joined but the partition has {len(nodes)} nodes; start "
-                            "exactly one process per node")
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise UserError(f"two processes claim node {twice[0]}; give each process its own --node")
-        for (name, partition, options) in claims:
-            if partition != self.manifest.content_hash:
-                raise UserError(f"node {name} holds another partition than node {self.node}; give every node its "
-                                "manifest from the same fedcli partition run")
-            if options != digest.hexdigest():
-                raise UserError(f"node {name} was started with other federate options than node {self.node}; "
-                                "start every node with the same options")
+        claim_nodes(self.group, self.manifest, {k: v for k, v in to_json(self.cfg).items() if k not in local},
+                    "federate")
 
     def same_file_system(self) -> bool:
         """Whether this rank sees rank 0's files (then rank 0 writes the one strategy folder)."""
@@ -208,13 +192,12 @@ class Rank:
             yield update
 
 
-def main(argv: list[str]) -> None:
-    """`python -m fedcli.fl.distributed.worker CONFIG.json [--tensorboard]`: how `--launch local` starts a
-    node. Its output goes to the node's log, where the launcher reads the error line."""
+def node_main(argv: list[str], config_class: type, stage: str, run: Callable) -> None:
+    """`python -m MODULE CONFIG.json [--tensorboard]`: how a launcher's `spawn` starts a node of `stage`. Its
+    output goes to the node's log, where the launcher reads the error line."""
     values = json.loads(Path(argv[0]).read_text())
     try:
-        cfg = FederateConfig(exp=Path(values.pop("exp")),
-                             **stage_values(FederateConfig, "federate", values, "launch config"))
+        cfg = config_class(exp=Path(values.pop("exp")), **stage_values(config_class, stage, values, "launch config"))
         with events.tensorboard(TENSORBOARD_FLAG in argv[1:]):
             run(cfg)
     except UserError as exc:
@@ -226,4 +209,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    node_main(sys.argv[1:], FederateConfig, "federate", run)

@@ -1,0 +1,95 @@
+"""`train-gan --engine distributed`: a serial kind's chain with one process per node over torch.distributed.
+
+Each rank reads only its own node's manifest and images; what it learns of the others comes over the
+transport (the chain's model and codes, fedcli/gan/vqvae2.py). Institution k's process waits for k - 1's
+training, however long, while k - 1's heartbeat goes on, then trains and sends on; the last returns the final
+model and codes to every node, and each rank writes its own node's folder. The ranks check first that they
+share one partition and one set of options. `--launch local` starts the ranks on this machine (as federate's
+does); under torchrun each process is one node (`--node-name`, default by rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from fedcli import events
+from fedcli.config import GanConfig, to_json
+from fedcli.data.manifest import Manifest
+from fedcli.data.node_manifest import load_node_manifest
+from fedcli.devices import distributed_backend, resolve_device, torch_threads
+from fedcli.errors import UserError
+from fedcli.fl.distributed.group import Group
+from fedcli.fl.distributed.launch import spawn
+from fedcli.fl.distributed.rendezvous import claim_nodes
+from fedcli.fl.distributed.transport import TorchTransport
+from fedcli.fl.distributed.worker import TENSORBOARD_FLAG, node_logger, node_main
+from fedcli.gan import stage
+from fedcli.gan.kinds import generator_kind
+from fedcli.layout import SERIAL, gan_dir, inside
+from fedcli.locking import locked
+
+RANK_LOCAL = stage.RUN_LOCAL | {"device", "engine", "launch", "timeout", "lpips_weights", "fid_weights"}
+
+
+def run(cfg: GanConfig, keep_finished: bool = False) -> list[dict]:
+    """Every node's summary (--launch local, from the folders its ranks wrote), or this rank's node's."""
+    kind = generator_kind(cfg.generator)
+    if not getattr(kind, "serial", False):
+        raise UserError(f"--engine distributed runs a serial generator's chain (vqvae2); a {kind.name} node trains "
+                        "on its own images alone: run fedcli train-gan --node NAME on each node's machine")
+    if cfg.sample_only:
+        raise UserError(f"--sample-only re-samples per-node generators; a {kind.name} is trained serially with its "
+                        "prior: drop --sample-only and re-run with --overwrite")
+    stage.check_options(cfg, kind)
+    return launch(cfg, keep_finished) if cfg.launch == "local" else run_rank(cfg)
+
+
+def launch(cfg: GanConfig, keep_finished: bool) -> list[dict]:
+    """One process per node on this machine, under this launcher's locks of every node's folder. `keep_finished`
+    (`fedcli run` after an interruption): when every node's folder is this configuration's, they are kept;
+    otherwise the chain resumes from its checkpoints and rewrites every folder."""
+    manifest = Manifest.load(cfg.exp)
+    nodes = manifest.node_names
+    with locked(cfg.exp, [gan_dir(cfg.exp, node) for node in nodes]):
+        if keep_finished:
+            kept = [summary for node in nodes if (summary := stage.finished(cfg, node)) is not None]
+            if len(kept) == len(nodes):
+                return kept
+            cfg = dataclasses.replace(cfg, overwrite=True)
+        stage.check_nodes_free(cfg, nodes, serial=True)
+        threads = cfg.threads or max(1, (os.cpu_count() or 1) // len(nodes))
+        configs = {node: to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node))
+                   for node in nodes}
+        flags = [TENSORBOARD_FLAG] if events.tensorboard_wanted() else []
+        ended = spawn(cfg.exp, configs, "fedcli.gan.distributed", flags, threads, cfg.timeout)
+    if ended.failed:
+        resumable = any(inside(cfg.exp, "gan", SERIAL).glob("after-*.safetensors"))
+        raise UserError(ended.line(cfg.exp, cfg.timeout, "; the chain is checkpointed after the institutions that "
+                                   "finished: rerun the same command to resume it" if resumable else ""))
+    return [stage.written(cfg, node) for node in nodes]
+
+
+def run_rank(cfg: GanConfig) -> list[dict]:
+    """This process's node: its part of the chain, then its folder."""
+    backend, device = distributed_backend(resolve_device(cfg.device))
+    group = Group(cfg.timeout, backend, device)
+    try:
+        manifest = load_node_manifest(cfg.exp, cfg.node, group.rank)
+        log = node_logger(cfg.exp, manifest.own)
+        log.info("train-gan: rank %d of %d, backend %s, device %s", group.rank, group.world, group.backend, device)
+        try:
+            claim_nodes(group, manifest, {k: v for k, v in to_json(cfg).items() if k not in RANK_LOCAL}, "train-gan")
+            with torch_threads(cfg.threads), locked(cfg.exp, [gan_dir(cfg.exp, manifest.own)]):
+                return stage.run_nodes(cfg, manifest, [manifest.own], False, TorchTransport(group, "train-gan"),
+                                       device)
+        except UserError as exc:
+            log.error("error: %s", exc)
+            raise
+    finally:
+        group.close()
+
+
+if __name__ == "__main__":
+    node_main(sys.argv[1:], GanConfig, "train-gan", run)
