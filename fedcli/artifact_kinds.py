@@ -54,6 +54,9 @@ KINDS: tuple[Kind, ...] = (
                         "audit/*/config.json"),
          "valid JSON; the inputs it names still hash to what it recorded (stale_inputs: fedcli run, report)"),
     Kind("partition summary", ("partition/summary.csv", "partition/summary.png"), ""),
+    Kind("hidden labels", ("partition/hidden_labels.json",),
+         "the labels a few-labels partition hides, tied to its content hash; no stage reads them (kept for the "
+         "upper bounds' oracle)"),
     Kind("generator", tuple("gan/*/" + name for name in (GENERATOR, GENERATOR_PHASE1, GENERATOR_CONTROL,
                                                          GENERATOR_RESEEDED, GENERATOR_TINY,
                                                          GENERATOR_REFERENCE)),

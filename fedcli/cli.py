@@ -115,6 +115,22 @@ def partition(
                                           "apart as a class-balanced globally shared set (fedavg-share gives it to "
                                           "every node; for every strategy those images leave their nodes' training "
                                           "sets). 0: none."),
+    labeled_fraction: float = typer.Option(PartitionConfig.labeled_fraction, help="Few labels: share of each "
+                                           "node's training images whose labels stay visible, per class, at least "
+                                           "one per class present; the rest become its unlabelled part (labels "
+                                           "hidden from every stage). 1: all visible."),
+    validation_fraction: float = typer.Option(PartitionConfig.validation_fraction, help="Few labels: share of each "
+                                              "labelled node's training images, per class, set apart as its "
+                                              "labelled validation part."),
+    labeled_nodes: Optional[list[str]] = typer.Option(None, help="Few labels: only these nodes keep labels (repeat "
+                                                      "the option); none: no node does (labels only in the "
+                                                      "held-apart set) \\[default: every node].", show_default=False),
+    held_apart_fraction: float = typer.Option(PartitionConfig.held_apart_fraction, help="Few labels: share of all "
+                                              "training images set apart, class-balanced with their labels, as the "
+                                              "global validation set (FedPerl's), held by --held-apart-node."),
+    held_apart_node: Optional[str] = typer.Option(None, help="The node that holds the held-apart set (real "
+                                                  "labelled images of every node) \\[default: the first].",
+                                                  show_default=False),
     site: Optional[str] = typer.Option(None, help="Keep one site of a multi-site source before an iid split "
                                        "(e.g. shenzhen)."),
     task: Task = typer.Option(PartitionConfig.task, help="isic2019 only: melanoma (binary, FedER) or multiclass (8)."),

@@ -77,7 +77,8 @@ class Range:
 
 # Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
-UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
+UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "labeled_fraction": 1.0, "validation_fraction": 0.0,
+                "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
                 "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
                 "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4}
 
@@ -113,6 +114,11 @@ class PartitionConfig:
     alpha: float = ranged(0.5, 0, 1000, low_open=True)
     ks: float | None = ranged(None, 0, 1)
     shared_fraction: float = ranged(0.0, 0, 0.5)
+    labeled_fraction: float = ranged(1.0, 0, 1, low_open=True, why="1: every training label visible")
+    validation_fraction: float = ranged(0.0, 0, 0.5, high_open=True)
+    labeled_nodes: tuple[str, ...] | None = None  # None: every node; ("none",): none (labels only held apart)
+    held_apart_fraction: float = ranged(0.0, 0, 0.5, high_open=True)
+    held_apart_node: str | None = None  # default: the first node
     site: str | None = None
     task: Task = "melanoma"
     positive_class: str | None = None  # a binary task's finding; default: the source's second class
@@ -144,6 +150,10 @@ class PartitionConfig:
         if (self.scheme == "skew") != (self.ks is not None):
             raise UserError("--scheme skew needs --ks K (the mean pairwise label skew to reach)" if self.ks is None
                             else "--ks applies only to --scheme skew; drop it or add --scheme skew")
+        if self.labeled_nodes is not None:  # none given (an empty list): every node; ("none",): no node
+            object.__setattr__(self, "labeled_nodes", tuple(self.labeled_nodes) or None)
+        if self.held_apart_node is not None and not self.held_apart_fraction:
+            raise UserError("--held-apart-node names who holds the set --held-apart-fraction sets apart; give both")
         if self.bit_depth != "auto":
             if isinstance(self.bit_depth, bool) or self.bit_depth not in BIT_DEPTHS:
                 raise UserError(f"--bit-depth must be auto or one of {', '.join(map(str, BIT_DEPTHS))}, "

@@ -23,6 +23,7 @@ GENERATOR_REFERENCE = "generator_reference.safetensors"  # phase 1 without the a
 BUFFER = "buffer.safetensors"
 CODES = "codes.safetensors"  # a VQ-VAE-2 node's codes of its training images, with their labels
 SERIAL = ".serial"  # gan/.serial/: a serially trained generator's checkpoint after each institution
+HIDDEN_LABELS = "hidden_labels.json"  # partition/: the labels few-labels partitions hide, for the oracle alone
 PREDICTIONS = "predictions.safetensors"  # federate: the final models' softmax on their own test sets
 
 

@@ -40,8 +40,11 @@ def augment_batch(images: torch.Tensor, ops: tuple[str, ...], generator: torch.G
     return images
 
 
+UNSEEN = -1  # the label of an unlabelled image (few labels: data/label_parts.py)
+
+
 class NodeDataset(torch.utils.data.Dataset):
-    """One node's train (optionally only some folds) or test split."""
+    """One node's train (optionally only some folds) or test split, or another of the manifest's parts."""
 
     def __init__(self, manifest: Manifest, node: str, split: str = "train", folds: list[int] | None = None,
                  cache_dir: Path | None = None):
@@ -49,7 +52,8 @@ class NodeDataset(torch.utils.data.Dataset):
         self.split = split
         self.records = manifest.records(node, split, folds)
         self.augment_ops = tuple(manifest.data.get("augment", ()))
-        self.labels = torch.tensor([r["label"] for r in self.records], dtype=torch.int64)
+        self.labels = torch.tensor([UNSEEN if r["label"] is None else r["label"] for r in self.records],
+                                   dtype=torch.int64)
         self.images = self._cached(manifest, folds, cache_dir)
 
     def _cached(self, manifest: Manifest, folds: list[int] | None, cache_dir: Path | None) -> torch.Tensor:

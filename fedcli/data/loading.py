@@ -80,7 +80,18 @@ def load_images(manifest: Manifest, node: str, records: list[dict]) -> torch.Ten
     for start in range(0, len(records), CHUNK):
         chunk = records[start:start + CHUNK]
         images = decode_chunk(manifest, chunk)
-        if spec:
-            images = acquisition.apply(images, spec, [r["id"] for r in chunk], manifest["seed"], node)
+        for origin, index in origins(chunk, node).items():  # a held-apart image keeps its own node's scanner
+            scanner = chunk[index[0]].get("acquisition") if origin != node else spec
+            if scanner:
+                images[index] = acquisition.apply(images[index], scanner, [chunk[i]["id"] for i in index],
+                                                  manifest["seed"], origin)
         out[start:start + len(chunk)] = images.mul(255).round_().clamp_(0, 255).to(torch.uint8)
     return out
+
+
+def origins(records: list[dict], node: str) -> dict[str, list[int]]:
+    """Record positions by the node each image comes from (`origin`, set on a held-apart image; else `node`)."""
+    grouped: dict[str, list[int]] = {}
+    for i, record in enumerate(records):
+        grouped.setdefault(record.get("origin", node), []).append(i)
+    return grouped

@@ -26,6 +26,8 @@ from fedcli.names import check_name, check_names
 
 SCHEMA = "fedcli.manifest/1"
 UNHASHED = ("content_hash", "data_root", "statistics", "dropped", "positive_class")  # none decides a pixel or label
+SPLITS = ("train", "test", "shared", "unlabeled", "validation", "held_apart")
+OPTIONAL_SPLITS = SPLITS[2:]  # the shared set's part, and the few-labels parts (data/label_parts.py)
 REQUIRED = ("source", "scheme", "seed", "image_size", "channels", "label_names", "nodes", "content_hash")
 
 
@@ -50,12 +52,17 @@ def check_content(data: dict[str, Any], path: Path) -> None:
     check_names("class", names, str(path))
     folds = data.get("folds")
     for node in nodes:
-        for split in ("train", "test"):
-            records = node.get(split)
+        for split in SPLITS:
+            records = node.get(split, [] if split in OPTIONAL_SPLITS else None)
             if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
                 raise UserError(f"{path}: node {node['name']} has no list of {split} records; re-run fedcli partition")
             for record in records:
                 label = record.get("label")
+                if split == "unlabeled":
+                    if label is not None:
+                        raise UserError(f"{path}: node {node['name']}'s unlabeled record {record.get('id')!r} "
+                                        "carries a label; re-run fedcli partition")
+                    continue
                 if type(label) is not int or not 0 <= label < len(names):
                     raise UserError(f"{path}: node {node['name']}'s {split} record {record.get('id')!r} has label "
                                     f"{label!r}, not a class index 0..{len(names) - 1}; re-run fedcli partition")
@@ -71,6 +78,7 @@ class Manifest:
     def __init__(self, data: dict[str, Any], path: Path | None = None):
         self.data = data
         self.path = path
+        self.hidden: dict[str, list[int]] = {}  # hidden labels, held only by the partition that hid them
 
     @classmethod
     def load(cls, exp: Path) -> "Manifest":
@@ -125,10 +133,11 @@ class Manifest:
         raise UserError(f"no node {name!r} in the partition; valid nodes: {', '.join(self.node_names)}")
 
     def records(self, node: str, split: str, folds: list[int] | None = None) -> list[dict[str, Any]]:
-        """A node's train or test records, or its part of the shared set (none without one); `folds` keeps only
-        train records of those folds."""
-        if split not in ("train", "test", "shared"):
-            raise ValueError(f"split must be train, test or shared, not {split!r}")
+        """A node's train or test records, its part of the shared set, or (few labels, data/label_parts.py) its
+        unlabelled part (labels null), validation part or the held-apart set it holds; none where the partition
+        has no such part. `folds` keeps only train records of those folds."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
         records = self.node(node).get(split, [])
         if folds is not None:
             if split != "train":

@@ -31,7 +31,8 @@ def node_view(data: dict[str, Any], node: str) -> dict[str, Any]:
              "nodes": [entry if entry["name"] == node else
                        {"name": entry["name"], "site": entry["site"], "train_count": len(entry["train"]),
                         "test_count": len(entry["test"]),
-                        **({"shared_count": len(entry["shared"])} if "shared" in entry else {})}
+                        **({"shared_count": len(entry["shared"])} if "shared" in entry else {}),
+                        **({"unlabeled_count": len(entry["unlabeled"])} if "unlabeled" in entry else {})}
                        for entry in data["nodes"]]}
     view["content_hash"] = content_hash(view)
     return view

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.config import PartitionConfig, to_json
-from fedcli.data import acquisition, pixelscale, schemes, shared_set
+from fedcli.data import acquisition, label_parts, pixelscale, schemes, shared_set
 from fedcli.data.manifest import SCHEMA, Manifest, content_hash
 from fedcli.data.node_manifest import node_view
 from fedcli.data.records import Sample, SourceData
@@ -17,7 +17,7 @@ from fedcli.data.splits import NodeError, split_node
 from fedcli.data.summary import skew_statistics, summary_frame, write_summary_png
 from fedcli.devices import with_threads
 from fedcli.errors import UserError
-from fedcli.layout import inside, partition_dir
+from fedcli.layout import HIDDEN_LABELS, inside, partition_dir
 from fedcli.locking import locked
 from fedcli.names import check_names, check_not_reserved
 
@@ -91,6 +91,14 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
     nodes = build_nodes(cfg, source, scheme, samples)
     if cfg.shared_fraction:
         shared_set.set_apart(nodes, cfg.shared_fraction, source.label_names, cfg.seed)
+    labels, hidden = None, {}
+    if semi_supervised(cfg):
+        if cfg.shared_fraction:
+            raise UserError("--shared-fraction with few labels would hand every node a set of labelled images; "
+                            "use one or the other")
+        labels, hidden = label_parts.make_parts(nodes, cfg.labeled_fraction, cfg.validation_fraction,
+                                                cfg.labeled_nodes, cfg.held_apart_fraction, cfg.held_apart_node,
+                                                source.label_names, cfg.seed)
     check_names("node", [node["name"] for node in nodes], f"--source {cfg.source}")
     check_not_reserved([node["name"] for node in nodes], reserved, f"--source {cfg.source}",
                        "rename that site in the data")
@@ -112,6 +120,7 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
         "alpha": cfg.alpha if scheme == "dirichlet" else None,
         **({"ks": cfg.ks} if scheme == "skew" else {}),
         **({"shared_fraction": cfg.shared_fraction} if cfg.shared_fraction else {}),
+        **({"labels": labels} if labels else {}),
         "dropped": source.dropped,
         "nodes": nodes,
         "positive_class": positive_class(cfg, source.label_names),
@@ -119,9 +128,16 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
     }
     data["content_hash"] = content_hash(data)
     manifest = Manifest(data)
+    manifest.hidden = hidden
     data["statistics"] = skew_statistics(manifest)
     check_skew_reached(cfg, data["statistics"])
     return manifest, cfg
+
+
+def semi_supervised(cfg: PartitionConfig) -> bool:
+    """Whether any label is hidden or set apart (the few-labels setting, data/label_parts.py)."""
+    return (cfg.labeled_fraction < 1 or cfg.validation_fraction > 0 or cfg.labeled_nodes is not None
+            or cfg.held_apart_fraction > 0)
 
 
 SKEW_TOLERANCE = 0.02
@@ -184,6 +200,8 @@ def write_partition(cfg: PartitionConfig, out: Path, reserved: Collection[str]) 
     manifest, cfg = make_manifest(cfg, reserved)
     with staged_output(out, cfg.overwrite) as stage:
         write_json(stage / "manifest.json", manifest.data)
+        if manifest.hidden:
+            write_json(stage / HIDDEN_LABELS, label_parts.oracle_file(manifest))
         for node in manifest.node_names:
             write_json(inside(stage, "nodes", f"{node}.json"), node_view(manifest.data, node))
         write_csv(stage / "summary.csv", summary_frame(manifest))

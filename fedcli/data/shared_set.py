@@ -16,21 +16,31 @@ from fedcli.rng import numpy_stream
 
 def set_apart(nodes: list[dict], fraction: float, label_names: list[str], seed: int) -> None:
     """Move `fraction` of the nodes' training records, the same number of each class, into `node["shared"]`."""
+    for node, drawn in zip(nodes, balanced_draw(nodes, fraction, label_names, seed, "shared-set", "--shared-fraction")):
+        node["shared"] = drawn
+
+
+def balanced_draw(nodes: list[dict], fraction: float, label_names: list[str], seed: int, purpose: str,
+                  option: str) -> list[list[dict]]:
+    """Per node, the training records drawn out of it (and removed from its `train`): round(fraction N / C) of
+    every class over all the nodes, keyed by `purpose`; `option` names the setting in an error."""
     pool = [(i, j, record["label"]) for i, node in enumerate(nodes) for j, record in enumerate(node["train"])]
     per_class = round(fraction * len(pool) / len(label_names))
     if per_class < 1:
-        raise UserError(f"--shared-fraction {fraction} of {len(pool)} training images is less than one image per "
-                        f"class; raise it")
-    rng = numpy_stream(seed, "shared-set")
+        raise UserError(f"{option} {fraction} of {len(pool)} training images is less than one image per class; "
+                        "raise it")
+    rng = numpy_stream(seed, purpose)
     chosen: set[tuple[int, int]] = set()
     for label, name in enumerate(label_names):
         members = [(i, j) for i, j, y in pool if y == label]
         if len(members) < per_class:
-            raise UserError(f"--shared-fraction {fraction} needs {per_class} training images of every class, but "
-                            f"class {name} has {len(members)}; lower it")
+            raise UserError(f"{option} {fraction} needs {per_class} training images of every class, but class "
+                            f"{name} has {len(members)}; lower it")
         chosen.update(members[k] for k in rng.choice(len(members), per_class, replace=False))
+    drawn = []
     for i, node in enumerate(nodes):
-        node["shared"] = [r for j, r in enumerate(node["train"]) if (i, j) in chosen]
+        drawn.append([r for j, r in enumerate(node["train"]) if (i, j) in chosen])
         node["train"] = [r for j, r in enumerate(node["train"]) if (i, j) not in chosen]
         if not node["train"]:
-            raise UserError(f"--shared-fraction {fraction} leaves node {node['name']} no training image; lower it")
+            raise UserError(f"{option} {fraction} leaves node {node['name']} no training image; lower it")
+    return drawn

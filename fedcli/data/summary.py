@@ -9,13 +9,18 @@ import numpy as np
 import pandas as pd
 
 from fedcli.data import acquisition
+from fedcli.data.label_parts import HELD_APART, UNLABELED, VALIDATION, node_labels, training_count
 from fedcli.data.manifest import Manifest
 from fedcli.data.skew import label_distributions, mean_pairwise_js, mean_pairwise_ks, mean_pairwise_tv
 from fedcli.plotting import pyplot
 
 
 def class_counts(records: list[dict], n_classes: int) -> np.ndarray:
-    counts = Counter(r["label"] for r in records)
+    return label_counts([r["label"] for r in records], n_classes)
+
+
+def label_counts(labels: list[int], n_classes: int) -> np.ndarray:
+    counts = Counter(labels)
     return np.array([counts.get(c, 0) for c in range(n_classes)])
 
 
@@ -24,18 +29,23 @@ def summary_frame(manifest: Manifest) -> pd.DataFrame:
     names = manifest["label_names"]
     rows = []
     for node in manifest["nodes"]:
-        for split in ("train", "test"):
+        for split in ("train", "test", VALIDATION, HELD_APART):
+            if split not in node:
+                continue
             counts = class_counts(node[split], len(names))
             rows.append({"node": node["name"], "site": node["site"], "split": split, "total": int(counts.sum()),
                          **{name: int(c) for name, c in zip(names, counts)}})
-    return pd.DataFrame(rows)
+        if UNLABELED in node:  # hidden labels are not counted by class: their columns stay empty
+            rows.append({"node": node["name"], "site": node["site"], "split": UNLABELED,
+                         "total": len(node[UNLABELED])})
+    return pd.DataFrame(rows).astype({name: "Int64" for name in names})
 
 
 def skew_statistics(manifest: Manifest) -> dict[str, float | None]:
     """Label skew across nodes: mean pairwise JS and total variation distances; KS statistic for binary
     tasks (equal to total variation there)."""
     n_classes = manifest.num_classes
-    counts = np.stack([class_counts(n["train"] + n["test"], n_classes) for n in manifest["nodes"]])
+    counts = np.stack([label_counts(node_labels(n, manifest.hidden), n_classes) for n in manifest["nodes"]])
     dists = label_distributions(counts)
     return {"label_skew_js": round(mean_pairwise_js(dists), 6), "label_skew_tv": round(mean_pairwise_tv(dists), 6),
             "label_skew_ks": round(mean_pairwise_ks(dists), 6) if n_classes == 2 else None}
@@ -46,13 +56,13 @@ def node_rows(manifest: Manifest) -> list[dict]:
     rows = []
     for node in manifest["nodes"]:
         test = class_counts(node["test"], manifest.num_classes)
-        n_train, n_test = len(node["train"]), len(node["test"])
+        n_train, n_test = training_count(node), len(node["test"])
         per_class = sorted({int(c) for c in test if c})
         rows.append({
             "node": node["name"], "site": node["site"], "scanner": acquisition.describe(node.get("acquisition")),
-            "train": n_train, "test": n_test, "test_fraction": n_test / (n_train + n_test),
+            "train": n_train, "labelled": len(node["train"]), "test": n_test, "test_fraction": n_test / (n_train + n_test),
             "test_per_class": "/".join(map(str, per_class)), "test_classes": int((test > 0).sum()),
-            "classes": int((class_counts(node["train"] + node["test"], manifest.num_classes) > 0).sum()),
+            "classes": int((label_counts(node_labels(node, manifest.hidden), manifest.num_classes) > 0).sum()),
         })
     return rows
 
@@ -72,10 +82,18 @@ def partition_table(manifest: Manifest):
                     "the nodes' training images")
     table = Table(title=f"partition: {manifest['source']}, scheme {manifest['scheme']}, seed {manifest['seed']}",
                   caption=caption)
-    for column in ("node", "site", "scanner", "train", "test", "test %", "test/class", "classes"):
+    labels = manifest.data.get("labels")
+    if labels:
+        held = labels["held_apart"]
+        caption += (f"; few labels: {labels['fraction']:g} of each labelled node's training images labelled"
+                    + (f", {held['fraction']:g} of all held apart with labels at {held['holder']}" if held else ""))
+    columns = ("node", "site", "scanner", "train", *(("labelled",) if labels else ()), "test", "test %", "test/class",
+               "classes")
+    for column in columns:
         table.add_column(column, justify="right" if column not in ("node", "site", "scanner") else "left")
     for row in node_rows(manifest):
-        table.add_row(row["node"], row["site"], row["scanner"], str(row["train"]), str(row["test"]),
+        table.add_row(row["node"], row["site"], row["scanner"], str(row["train"]),
+                      *((str(row["labelled"]),) if labels else ()), str(row["test"]),
                       f"{100 * row['test_fraction']:.1f}", row["test_per_class"],
                       f"{row['classes']}/{manifest.num_classes}")
     return table
@@ -92,7 +110,7 @@ def short_test_notes(manifest: Manifest) -> list[str]:
 def untested_class_notes(manifest: Manifest) -> list[str]:
     """Classes with no test image on any node (e.g. a stray label in a CSV): their accuracy is never measured."""
     names = manifest["label_names"]
-    total = class_counts([r for node in manifest["nodes"] for r in node["train"] + node["test"]], len(names))
+    total = label_counts([y for node in manifest["nodes"] for y in node_labels(node, manifest.hidden)], len(names))
     tested = class_counts([r for node in manifest["nodes"] for r in node["test"]], len(names))
     return [f"class {names[c]!r} has {int(total[c])} image(s) and no test image on any node (a class needs two images "
             "in one node to be tested); check the labels if it is a typo"
@@ -111,7 +129,7 @@ def write_summary_png(manifest: Manifest, path: Path, per_node: int = 8) -> None
     bars = fig.add_subplot(grid[:, 0])
     width = 0.8 / len(nodes)
     for i, node in enumerate(nodes):
-        counts = class_counts(node["train"] + node["test"], len(names))
+        counts = label_counts(node_labels(node, manifest.hidden), len(names))
         bars.bar(np.arange(len(names)) + i * width, counts, width, label=node["name"])
     bars.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, rotation=45 if len(names) > 4 else 0,
                     ha="right" if len(names) > 4 else "center")
@@ -121,12 +139,13 @@ def write_summary_png(manifest: Manifest, path: Path, per_node: int = 8) -> None
     bars.legend(fontsize=8, ncol=min(len(nodes), 4), loc="upper center")
     for i, node in enumerate(nodes):
         axis = fig.add_subplot(grid[i, 1])
-        picks = example_records(node["train"], per_node)
+        picks = example_records(node["train"], per_node) or node.get(UNLABELED, [])[:per_node]
         images = load_images(manifest, node["name"], picks).numpy()
         strip = np.concatenate(list(images.transpose(0, 2, 3, 1)), axis=1)
         axis.imshow(strip.squeeze(-1) if strip.shape[-1] == 1 else strip, cmap="gray", vmin=0, vmax=255)
         axis.set_axis_off()
-        axis.set_title(f"{node['name']}: " + " ".join(names[r["label"]] for r in picks), fontsize=8, loc="left")
+        axis.set_title(f"{node['name']}: " + " ".join("?" if r["label"] is None else names[r["label"]] for r in picks),
+                       fontsize=8, loc="left")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -85,6 +85,15 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
     """What each strategy needs of the partition and the model: a shared set where it reads one, node options
     (a server's or an encoder's rank) naming one of the partition's nodes, a cut the model has."""
     nodes = manifest.node_names
+    labels = manifest.data.get("labels")
+    unlabelled = [node for node in nodes if labels and node not in labels["labeled_nodes"]]
+    if unlabelled:
+        raise UserError(f"node {unlabelled[0]} holds no labelled image (partition --labeled-nodes), and federate "
+                        "trains on visible labels only: partition with every node labelled (a few labels each: "
+                        "--labeled-fraction)")
+    if labels and (cfg.cv or cfg.fold is not None):
+        raise UserError("--fold/--cv select by folds drawn before the labels were hidden, so a fold of a node's few "
+                        "labelled images can miss a class; select without folds on a few-labels partition")
     for name in cfg.strategy:
         if REGISTRY[name].needs_shared_set and not manifest.data.get("shared_fraction"):
             raise UserError(f"{name} trains on a globally shared set, which this partition has none of; re-run "

@@ -94,6 +94,7 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
     kept = {node: summary for node in nodes if keep_finished and (summary := finished(cfg, node)) is not None}
     for node in nodes:
         check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
+    check_labelled(manifest, manifest.node_names if getattr(kind, "serial", False) else nodes)
     todo = [node for node in nodes if node not in kept]
     for node in kept:
         console.out.print(f"node {node}: kept, made by this same configuration before an interruption")
@@ -163,6 +164,15 @@ def check_options(cfg: GanConfig, kind: GeneratorKind) -> None:
 
 def node_classes(manifest: Manifest, node: str) -> list[int]:
     return sorted({r["label"] for r in manifest.records(node, "train")})
+
+
+def check_labelled(manifest: Manifest, nodes: list[str]) -> None:
+    """Every node that trains (a serial kind: every node of the chain) holds labelled images."""
+    labels = manifest.data.get("labels")
+    unlabelled = [node for node in nodes if labels and node not in labels["labeled_nodes"]]
+    if unlabelled:
+        raise UserError(f"node {unlabelled[0]} holds no labelled training image (partition --labeled-nodes), and a "
+                        "class-conditional generator learns from labels; partition with every node labelled")
 
 
 def check_buffer_size(size: int, classes: list[int], node: str) -> None:

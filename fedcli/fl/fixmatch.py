@@ -1,0 +1,87 @@
+"""FixMatch (Sohn et al. 2020) as a local objective: the supervised loss of the labelled (and replayed) images
+plus lambda_u times the consistency loss of the unlabelled ones.
+
+For each unlabelled image u, q = softmax f(weak(u)) with no gradient; the loss is
+    mean over all mu B unlabelled images of 1[max q >= tau] CE(argmax q, f(strong(u))),
+the paper's mean over every unlabelled image (FedPerl's code averages over the confident ones only, which
+weighs a batch with one confident image as much as one with all; fedcli follows the paper). Labelled, weak and
+strong images go through the network in one forward pass, so BatchNorm normalises them together, as the
+paper's reference implementation does by interleaving. The labelled images keep the augmentation every
+strategy gives them (the source's flips), not FixMatch's weak shift, so that FixMatch differs from its lower
+bound by the unlabelled term alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sized
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedcli.data.fixmatch_augment import strong_view, weak_view
+from fedcli.data.tensor_source import TensorSource
+from fedcli.fl.local import Cycler
+from fedcli.fl.objectives import Batch, Objective, replay_loss
+
+
+@dataclasses.dataclass
+class SemiBatch(Batch):
+    """A batch with its unlabelled part: each unlabelled image's weak and strong view, in the same order."""
+
+    weak: torch.Tensor = None
+    strong: torch.Tensor = None
+
+    def to(self, device: str) -> "SemiBatch":
+        moved = super().to(device)
+        return SemiBatch(moved.x, moved.labels, moved.n_primary,
+                         *(v.to(device).contiguous(memory_format=torch.channels_last) for v in (self.weak, self.strong)))
+
+
+@dataclasses.dataclass(frozen=True)
+class FixMatchSettings:
+    confidence: float = 0.95  # tau: the paper's; FedPerl's code 0.6
+    lambda_u: float = 1.0  # the paper's; FedPerl's code 0.5
+    lam: float = 0.5  # the supervised part's weight of primary against replayed images (objectives.Supervised)
+
+
+class FixMatch(Objective):
+    """The supervised loss of `batch.x` plus lambda_u times the masked consistency of the unlabelled images."""
+
+    def __init__(self, settings: FixMatchSettings):
+        self.settings = settings
+
+    def loss(self, model: nn.Module, batch: SemiBatch) -> torch.Tensor:
+        n, u = len(batch.x), len(batch.weak)
+        logits = model(torch.cat([batch.x, batch.weak, batch.strong]))
+        supervised = replay_loss(logits[:n], batch.labels, batch.n_primary, self.settings.lam)
+        if u == 0:
+            return supervised
+        return supervised + self.settings.lambda_u * self.consistency(logits[n:n + u], logits[n + u:])
+
+    def consistency(self, weak_logits: torch.Tensor, strong_logits: torch.Tensor) -> torch.Tensor:
+        confidence, pseudo = torch.softmax(weak_logits.detach(), dim=1).max(dim=1)
+        mask = (confidence >= self.settings.confidence).to(strong_logits.dtype)
+        return (F.cross_entropy(strong_logits, pseudo, reduction="none") * mask).mean()
+
+
+class SemiBatches:
+    """A strategy's batches, each joined by mu unlabelled images per labelled one, in their weak and strong views.
+    The unlabelled images are cycled without replacement from their own keyed stream, so the labelled batches
+    are the supervised run's, draw for draw."""
+
+    def __init__(self, labelled: Sized, unlabelled: TensorSource, mu: int, flips: tuple[str, ...],
+                 generator: torch.Generator):
+        self.labelled, self.unlabelled, self.mu, self.flips, self.generator = labelled, unlabelled, mu, flips, generator
+
+    def __len__(self) -> int:
+        return len(self.labelled)
+
+    def __iter__(self) -> Iterator[SemiBatch]:
+        draws = Cycler(self.unlabelled, self.generator) if len(self.unlabelled) else None
+        for batch in self.labelled:
+            index = draws.take(self.mu * batch.n_primary) if draws else torch.empty(0, dtype=torch.long)
+            raw = self.unlabelled.images[index]
+            yield SemiBatch(batch.x, batch.labels, batch.n_primary, weak_view(raw, self.flips, self.generator),
+                            strong_view(raw, self.flips, self.generator))
