@@ -163,23 +163,30 @@ def test_the_final_decoder_reproduces_the_image_of_every_shared_code(chain):
     assert start == len(last)
 
 
-def test_the_chain_resumes_after_an_institution_to_the_same_bytes(chain, tmp_path, cli, monkeypatch):
-    exp, _ = chain
+def interrupted(exp, tmp_path, monkeypatch, at: int):
+    """A copy of `exp` whose chain was interrupted at institution `at` (its node folders gone)."""
     fresh = copy_exp(exp, tmp_path)
     original = vqvae2.SerialTraining.visit
 
     def crash(self, k, node, held):
-        if k == 2:
+        if k == at:
             raise KeyboardInterrupt
         return original(self, k, node, held)
 
-    monkeypatch.setattr(vqvae2.SerialTraining, "visit", crash)
-    assert vqvae2_run(fresh).exit_code == 130  # interrupted at the third node
+    with monkeypatch.context() as patched:
+        patched.setattr(vqvae2.SerialTraining, "visit", crash)
+        assert vqvae2_run(fresh).exit_code == 130
+    drop_node_folders(fresh)
+    return fresh
+
+
+def test_the_chain_resumes_after_an_institution_to_the_same_bytes(chain, tmp_path, cli, monkeypatch):
+    exp, _ = chain
+    fresh = interrupted(exp, tmp_path, monkeypatch, at=2)
     # each institution's own checkpoint (on the distributed engine, each process writes its own)
     assert sorted(p.name for p in (fresh / "gan" / ".serial").iterdir()) == ["after-0.safetensors",
                                                                             "after-1.safetensors"]
-    drop_node_folders(fresh)
-    monkeypatch.setattr(vqvae2.SerialTraining, "visit", original)
+    original = vqvae2.SerialTraining.visit
     visits = []
     monkeypatch.setattr(vqvae2.SerialTraining, "visit",
                         lambda self, k, node, held: visits.append(k) or original(self, k, node, held))
@@ -211,18 +218,7 @@ def test_the_chain_runs_one_process_per_node_and_resumes_there_to_the_same_bytes
     second and third institutions train in processes of their own, each waiting for its predecessor, and every
     node's files and recorded bytes equal the uninterrupted in-process run's."""
     exp, _ = chain
-    fresh = copy_exp(exp, tmp_path)
-    original = vqvae2.SerialTraining.visit
-
-    def crash(self, k, node, held):
-        if k == 1:
-            raise KeyboardInterrupt
-        return original(self, k, node, held)
-
-    monkeypatch.setattr(vqvae2.SerialTraining, "visit", crash)
-    assert vqvae2_run(fresh).exit_code == 130
-    drop_node_folders(fresh)
-    monkeypatch.undo()
+    fresh = interrupted(exp, tmp_path, monkeypatch, at=1)
     result = vqvae2_run(fresh, "--engine", "distributed", "--launch", "local")
     assert result.exit_code == 0, result.output
     nodes = Manifest.load(exp).node_names

@@ -11,20 +11,16 @@ does); under torchrun each process is one node (`--node-name`, default by rank).
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 
-from fedcli import events
 from fedcli.config import GanConfig, to_json
 from fedcli.data.manifest import Manifest
-from fedcli.data.node_manifest import load_node_manifest
-from fedcli.devices import distributed_backend, resolve_device, torch_threads
+from fedcli.devices import torch_threads
 from fedcli.errors import UserError
-from fedcli.fl.distributed.group import Group
 from fedcli.fl.distributed.launch import spawn
 from fedcli.fl.distributed.rendezvous import claim_nodes
 from fedcli.fl.distributed.transport import TorchTransport
-from fedcli.fl.distributed.worker import TENSORBOARD_FLAG, node_logger, node_main
+from fedcli.fl.distributed.worker import joined, node_main
 from fedcli.gan import stage
 from fedcli.gan.kinds import generator_kind
 from fedcli.layout import SERIAL, gan_dir, inside
@@ -59,11 +55,7 @@ def launch(cfg: GanConfig, keep_finished: bool) -> list[dict]:
                 return kept
             cfg = dataclasses.replace(cfg, overwrite=True)
         stage.check_nodes_free(cfg, nodes, serial=True)
-        threads = cfg.threads or max(1, (os.cpu_count() or 1) // len(nodes))
-        configs = {node: to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node))
-                   for node in nodes}
-        flags = [TENSORBOARD_FLAG] if events.tensorboard_wanted() else []
-        ended = spawn(cfg.exp, configs, "fedcli.gan.distributed", flags, threads, cfg.timeout)
+        ended = spawn(cfg, nodes, "fedcli.gan.distributed")
     if ended.failed:
         resumable = any(inside(cfg.exp, "gan", SERIAL).glob("after-*.safetensors"))
         raise UserError(ended.line(cfg.exp, cfg.timeout, "; the chain is checkpointed after the institutions that "
@@ -73,22 +65,10 @@ def launch(cfg: GanConfig, keep_finished: bool) -> list[dict]:
 
 def run_rank(cfg: GanConfig) -> list[dict]:
     """This process's node: its part of the chain, then its folder."""
-    backend, device = distributed_backend(resolve_device(cfg.device))
-    group = Group(cfg.timeout, backend, device)
-    try:
-        manifest = load_node_manifest(cfg.exp, cfg.node, group.rank)
-        log = node_logger(cfg.exp, manifest.own)
-        log.info("train-gan: rank %d of %d, backend %s, device %s", group.rank, group.world, group.backend, device)
-        try:
-            claim_nodes(group, manifest, {k: v for k, v in to_json(cfg).items() if k not in RANK_LOCAL}, "train-gan")
-            with torch_threads(cfg.threads), locked(cfg.exp, [gan_dir(cfg.exp, manifest.own)]):
-                return stage.run_nodes(cfg, manifest, [manifest.own], False, TorchTransport(group, "train-gan"),
-                                       device)
-        except UserError as exc:
-            log.error("error: %s", exc)
-            raise
-    finally:
-        group.close()
+    with joined(cfg, "train-gan: ") as (group, manifest, _, device):
+        claim_nodes(group, manifest, {k: v for k, v in to_json(cfg).items() if k not in RANK_LOCAL}, "train-gan")
+        with torch_threads(cfg.threads), locked(cfg.exp, [gan_dir(cfg.exp, manifest.own)]):
+            return stage.run_nodes(cfg, manifest, [manifest.own], False, TorchTransport(group, "train-gan"), device)
 
 
 if __name__ == "__main__":

@@ -60,10 +60,7 @@ def start_nodes(cfg: FederateConfig, manifest: Manifest, runs: list[tuple[str, i
         for node in manifest.node_names:
             load_buffer(cfg.exp, manifest, node, cfg.buffer_size, buffer_user(cfg))
     nodes = manifest.node_names
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // len(nodes))
-    configs = {node: to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node)) for node in nodes}
-    tensorboard = [TENSORBOARD_FLAG] if events.tensorboard_wanted() else []
-    ended = spawn(cfg.exp, configs, "fedcli.fl.distributed.worker", tensorboard, threads, cfg.timeout)
+    ended = spawn(cfg, nodes, "fedcli.fl.distributed.worker")
     if ended.failed:
         resumable = MISMATCH_EXIT not in ended.failed.values() and any(  # a round every node's part on disk holds
             Checkpoint(checkpoint_dir(federate_dir(cfg.exp, name, fold)), []).rounds() for name, fold in runs)
@@ -101,9 +98,14 @@ class Ended:
         return "distributed run failed: " + "; ".join(parts) + tail + f" (logs: {exp / 'logs'})"
 
 
-def spawn(exp: Path, configs: dict[str, dict], module: str, flags: list[str], threads: int, timeout: float) -> Ended:
-    """One process per node (`python -m module CONFIG.json *flags`, the node's config values), rank by rank in
-    the order given, over a store this launcher hosts; watched until every one has ended."""
+def spawn(cfg, nodes: list[str], module: str) -> Ended:
+    """One process per node (`python -m module CONFIG.json [--tensorboard]`, `cfg` as that node's with no launch
+    and its share of the threads), rank by rank in `nodes` order, over a store this launcher hosts; watched
+    until every one has ended."""
+    exp, timeout = cfg.exp, cfg.timeout
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // len(nodes))
+    configs = {node: to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node)) for node in nodes}
+    flags = [TENSORBOARD_FLAG] if events.tensorboard_wanted() else []
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))

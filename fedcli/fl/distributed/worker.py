@@ -64,23 +64,29 @@ def node_logger(exp: Path, node: str) -> logging.Logger:
     return logger
 
 
-def run(cfg: FederateConfig) -> list[StrategyRun]:
-    """This process's node of every strategy (and fold); rank 0 returns the runs, others []."""
-    device = resolve_device(cfg.device)
-    backend, device = distributed_backend(device)
+@contextlib.contextmanager
+def joined(cfg, stage: str = ""):
+    """This process as a rank of `cfg`'s group: (group, its node's manifest, its log, its device); a user error
+    is logged before it propagates, and the group is left at the end."""
+    backend, device = distributed_backend(resolve_device(cfg.device))
     group = Group(cfg.timeout, backend, device)
     try:
         manifest = load_node_manifest(cfg.exp, cfg.node, group.rank)
         log = node_logger(cfg.exp, manifest.own)
-        log.info("rank %d of %d, backend %s, device %s", group.rank, group.world, group.backend, device)
+        log.info("%srank %d of %d, backend %s, device %s", stage, group.rank, group.world, group.backend, device)
         try:
-            with torch_threads(cfg.threads):
-                return Rank(cfg, group, manifest, device, log).run_all()
+            yield group, manifest, log, device
         except UserError as exc:
             log.error("error: %s", exc)
             raise
     finally:
         group.close()
+
+
+def run(cfg: FederateConfig) -> list[StrategyRun]:
+    """This process's node of every strategy (and fold); rank 0 returns the runs, others []."""
+    with joined(cfg) as (group, manifest, log, device), torch_threads(cfg.threads):
+        return Rank(cfg, group, manifest, device, log).run_all()
 
 
 class Rank:
