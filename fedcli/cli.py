@@ -15,7 +15,7 @@ from fedcli.config import (AuditConfig, Device, Engine, GanConfig, Launch, Lpips
                            PartitionConfig, PredictConfig, PrivacyLoss, PrivacyScale, ReportConfig, Scheme, SelectRule,
                            Source, Task, number_or_keyword, read_recipe, resolve)
 from fedcli.errors import UserError, environment_message
-from fedcli.fl.federate_config import FederateConfig, LrSchedule, Optimizer, Weighting
+from fedcli.fl.federate_config import FederateConfig, LrSchedule, Optimizer, Ssl, Weighting
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import check_experiment_folder
 from fedcli.pipeline.shipped import locate, shipped_recipes
@@ -366,6 +366,19 @@ def federate(
     weighting: Weighting = typer.Option(FederateConfig.weighting, help="Averaging strategies: weight each node's "
                                         "model by its train-set size (samples) or equally (equal, as FedBN's code "
                                         "and the study)."),
+    ssl: Ssl = typer.Option(FederateConfig.ssl, help="Few labels (partition --labeled-fraction): fixmatch trains each "
+                            "node also on its unlabelled images (FixMatch: standalone is local FixMatch, fedavg is "
+                            "SSFL); none: the visible labels only (the lower bound)."),
+    confidence: float = typer.Option(FederateConfig.confidence, help="FixMatch: the confidence a weak view's "
+                                     "prediction needs to become a pseudo label (tau; FedPerl's code 0.6)."),
+    lambda_u: float = typer.Option(FederateConfig.lambda_u, help="FixMatch: the unlabelled loss's weight (FedPerl's "
+                                   "code 0.5)."),
+    unlabeled_ratio: int = typer.Option(FederateConfig.unlabeled_ratio, help="FixMatch: unlabelled images per "
+                                        "labelled one in a batch (mu; FedPerl's code 1)."),
+    steps_per_round: Optional[int] = typer.Option(None, help="Each local epoch is this many batches, the labelled "
+                                                  "images cycled without replacement, whatever a node's size (FedVC; "
+                                                  "FedPerl's 100) \\[default: one pass over them].",
+                                                  show_default=False),
     model: list[str] = typer.Option(list(FederateConfig.model), help="Repeatable. Classifier: cnn (quick), "
                                     "resnet18 (the FedER study), resnet34 (the generative-replay study), resnet50, "
                                     "densenet121; NODE=ARCH gives a node its own "

@@ -78,7 +78,8 @@ class Range:
 # Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
 UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "labeled_fraction": 1.0, "validation_fraction": 0.0,
-                "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
+                "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "ssl": "none",
+                "steps_per_round": None, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
                 "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
                 "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4}
 

@@ -23,7 +23,8 @@ from fedcli.vqvae.codec import load_codec
 from fedcli.fl.node_data import NodeData, NodeImages
 from fedcli.fl.strategies import EVAL, REGISTRY, Strategy
 from fedcli.fl.strategies.base import ENSEMBLE
-from fedcli.fl.trainer import Budget, LocalTrainer
+from fedcli.fl.fixmatch import FixMatchSettings
+from fedcli.fl.trainer import Budget, LocalTrainer, Semi
 from fedcli.fl.transport import EVERYONE, InProcessTransport, Transfer, Transport
 
 
@@ -76,8 +77,9 @@ def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, device: str = "
     budget = Budget(epochs=cfg.epochs, init_epochs=cfg.init_epochs_resolved, rounds=cfg.rounds, lr=cfg.lr,
                     batch=cfg.batch, node_batch=cfg.batch_sizes(), lr_schedule=cfg.lr_schedule,
                     lr_step_epochs=cfg.lr_step_epochs, lr_step_factor=cfg.lr_step_factor, optimizer=cfg.optimizer,
-                    sgd_momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay)
-    trainer = LocalTrainer(data, budget, seed, device, cfg.model, cfg.pretrained, cfg.model_weights)
+                    sgd_momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay, epoch_steps=cfg.steps_per_round)
+    semi = None if cfg.ssl == "none" else Semi(FixMatchSettings(cfg.confidence, cfg.lambda_u), cfg.unlabeled_ratio)
+    trainer = LocalTrainer(data, budget, seed, device, cfg.model, cfg.pretrained, cfg.model_weights, semi)
     transport = transport or InProcessTransport()
     local_nodes = list(data.nodes if local_nodes is None else local_nodes)
     evaluator = Evaluator(data, trainer, transport, local_nodes, cfg.bootstrap, cross_eval)

@@ -20,7 +20,9 @@ from fedcli.fl.strategies import REGISTRY
 
 LrSchedule = Literal["constant", "cosine", "step"]  # over init-epochs + R x E epochs (fl/local.py)
 Optimizer = Literal["adam", "sgd"]
-Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
+Weighting = Literal["samples", "equal"]
+Ssl = Literal["none", "fixmatch"]  # --ssl: the local objective on a few-labels partition (fl/fixmatch.py)
+FIXMATCH_OPTIONS = ("confidence", "lambda_u", "unlabeled_ratio")  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
 ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
 SHARED_SELECT_KEYS = ("rounds", "epochs", "lr")  # what a [select] grid may vary for every strategy
 
@@ -45,6 +47,11 @@ class SharedOptions:
     batch: int = ranged(32, 1, MAX_BATCH)
     node_batch: tuple[str, ...] = ()  # NODE=B overrides, e.g. montgomery=8 (the study's per-node sizes)
     weighting: Weighting = "samples"
+    ssl: Ssl = "none"
+    confidence: float = ranged(0.95, 0, 1, low_open=True)  # FixMatch's tau
+    lambda_u: float = ranged(1.0, 0, 100)
+    unlabeled_ratio: int = ranged(7, 1, 64)  # FixMatch's mu: unlabelled images per labelled one in a batch
+    steps_per_round: int | None = ranged(None, 1, MAX_COUNT)  # each local epoch this many batches (FedVC)
     model: tuple[str, ...] | str = ("cnn",)  # ARCH for every model, and NODE=ARCH: a node's own architecture
     pretrained: bool = False
     model_weights: Path | None = None
@@ -93,6 +100,12 @@ class SharedOptions:
         if self.node is not None and self.launch == "local":
             raise UserError("--node names the node of a process started by torchrun; --launch local assigns nodes "
                             "itself, so drop --node")
+        if self.ssl != "none":
+            plain = [d.name for d in declared if not d.semi_supervised]
+            if plain:
+                takes = ", ".join(d.name for d in REGISTRY if d.semi_supervised)
+                raise UserError(f"--ssl {self.ssl} trains each node on its own unlabelled images, which {plain[0]} "
+                                f"does not train on; strategies that take it: {takes}")
         pooled = [d.name for d in declared if not d.distributed]
         if self.engine == "distributed" and pooled:
             raise UserError(f"{pooled[0]} pools every node's data in one place, so it has no distributed form; run it "
@@ -136,6 +149,7 @@ def inapplicable(values: dict[str, Any]) -> set[str]:
     """Shared options (of a run's resolved values) that its other choices leave unused (SGD's momentum under
     Adam, the step schedule's settings under another schedule): they change no result, so no fingerprint."""
     unused = set() if values.get("optimizer") == "sgd" else {"sgd_momentum"}
+    unused |= set() if values.get("ssl", "none") != "none" else set(FIXMATCH_OPTIONS)
     return unused | (set() if values.get("lr_schedule") == "step" else {"lr_step_epochs", "lr_step_factor"})
 
 

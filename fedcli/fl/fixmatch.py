@@ -13,6 +13,7 @@ bound by the unlabelled term alone.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Iterator, Sized
 
@@ -23,7 +24,7 @@ from torch import nn
 from fedcli.data.fixmatch_augment import strong_view, weak_view
 from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.local import Cycler
-from fedcli.fl.objectives import Batch, Objective, replay_loss
+from fedcli.fl.objectives import Batch, Objective, Supervised, Wrapped, replay_loss
 
 
 @dataclasses.dataclass
@@ -85,3 +86,16 @@ class SemiBatches:
             raw = self.unlabelled.images[index]
             yield SemiBatch(batch.x, batch.labels, batch.n_primary, weak_view(raw, self.flips, self.generator),
                             strong_view(raw, self.flips, self.generator))
+
+
+def with_fixmatch(objective: Objective, settings: FixMatchSettings) -> Objective:
+    """`objective` with FixMatch in place of the supervised loss at its core: a strategy's own terms (FedProx's
+    proximal term, Scaffold's correction) wrap FixMatch as they wrapped the supervised loss; its replay weight
+    (lambda) is kept."""
+    if isinstance(objective, Wrapped):
+        wrapped = copy.copy(objective)
+        wrapped.base = with_fixmatch(objective.base, settings)
+        return wrapped
+    if isinstance(objective, Supervised):
+        return FixMatch(dataclasses.replace(settings, lam=objective.lam))
+    raise TypeError(f"FixMatch cannot replace the core of {type(objective).__name__}")

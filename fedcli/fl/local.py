@@ -53,6 +53,7 @@ class LocalSettings:
     optimizer_name: str = "adam"
     momentum: float = 0.9  # SGD's
     weight_decay: float = 0.0
+    epoch_steps: int | None = None  # each epoch this many batches, whatever the source's size (--steps-per-round)
 
     def lr_at(self, step: int, steps: int) -> float:
         """The learning rate of optimiser step `step` of this call's `steps`."""
@@ -122,13 +123,15 @@ class Batches:
     """The batches of `settings.epochs` epochs, composed as local training composes them: shuffled primary
     batches, each joined by as many replay images, then augmented. `epoch_size`: primary images per epoch
     (default all of them), drawn without replacement across epochs, so two sources of different sizes can be
-    given the same number of steps. Also what the BatchNorm diagnostic re-estimates statistics on
-    (fl/batchnorm_check.py)."""
+    given the same number of steps; `settings.epoch_steps` overrides it with that many full batches. Also what
+    the BatchNorm diagnostic re-estimates statistics on (fl/batchnorm_check.py)."""
 
     def __init__(self, primary: TensorSource, replay: TensorSource | None, settings: LocalSettings,
                  generator: torch.Generator, epoch_size: int | None = None):
         self.primary, self.replay, self.settings, self.generator = primary, replay, settings, generator
         self.epoch_size = len(primary) if epoch_size is None else epoch_size
+        if settings.epoch_steps:
+            self.epoch_size = settings.epoch_steps * settings.batch
 
     def __len__(self) -> int:
         return self.settings.epochs * len(batch_bounds(self.epoch_size, self.settings.batch))

@@ -56,4 +56,5 @@ class NodeData:
                                 else self.images.get(node, "test", None))
         self.buffers = LazySources(buffers)
         self.shared = LazySources(lambda node: self.images.get(node, "shared", None))  # its part of the shared set
+        self.unlabeled = LazySources(lambda node: self.images.get(node, "unlabeled", None))  # labels: UNSEEN
         self.codecs = LazySources(codecs or (lambda node: None))  # a node's VQ-VAE-2 and codes (fedcli/vqvae/codec.py)

@@ -15,11 +15,20 @@ from fedcli.data.tensor_source import TensorSource
 from fedcli.errors import UserError
 from fedcli.fl.local import Batches, LocalSettings, train_local
 from fedcli.fl.node_data import NodeData
-from fedcli.fl.objectives import Objective
+from fedcli.fl.fixmatch import FixMatchSettings, SemiBatches, with_fixmatch
+from fedcli.fl.objectives import Objective, Supervised
 from fedcli.models.classifier import build_classifier
 from fedcli.rng import stream_seed, torch_stream
 
 Compose = Callable[[TensorSource, "TensorSource | None", LocalSettings, torch.Generator], Sized]  # -> batches
+
+
+@dataclasses.dataclass(frozen=True)
+class Semi:
+    """--ssl fixmatch: the objective's settings and mu, the unlabelled images per labelled one."""
+
+    fixmatch: FixMatchSettings
+    mu: int
 
 
 @dataclasses.dataclass
@@ -38,6 +47,7 @@ class Budget:
     optimizer: str = "adam"
     sgd_momentum: float = 0.9
     weight_decay: float = 0.0
+    epoch_steps: int | None = None  # --steps-per-round
 
     @property
     def total_epochs(self) -> int:
@@ -53,8 +63,9 @@ class Budget:
 
 class LocalTrainer:
     def __init__(self, data: NodeData, budget: Budget, seed: int, device: str = "cpu",
-                 model: tuple[str, ...] | str = "cnn", pretrained: bool = False, model_weights: Path | None = None):
-        self.data, self.budget, self.seed, self.device = data, budget, seed, device
+                 model: tuple[str, ...] | str = "cnn", pretrained: bool = False, model_weights: Path | None = None,
+                 semi: Semi | None = None):
+        self.data, self.budget, self.seed, self.device, self.semi = data, budget, seed, device, semi
         self.model_name, self.own_models = architectures(model)
         self.pretrained, self.model_weights = pretrained, model_weights
         for option, given in (("--node-batch", budget.node_batch), ("--model", self.own_models)):
@@ -92,7 +103,8 @@ class LocalTrainer:
                              schedule=budget.lr_schedule, span=budget.span(round_, epochs),
                              budget_epochs=budget.total_epochs, step_epochs=budget.lr_step_epochs,
                              step_factor=budget.lr_step_factor, optimizer_name=budget.optimizer,
-                             momentum=budget.sgd_momentum, weight_decay=budget.weight_decay)
+                             momentum=budget.sgd_momentum, weight_decay=budget.weight_decay,
+                             epoch_steps=budget.epoch_steps)
 
     def train(self, model: nn.Module, key: str, round_: int, primary: TensorSource, replay: TensorSource | None,
               epochs: int, objective: Objective | None = None, compose: Compose = Batches) -> int:
@@ -101,4 +113,8 @@ class LocalTrainer:
         views of unlabelled images, brings its own) and `objective` their loss."""
         settings = self.settings(key, round_, epochs)
         batches = compose(primary, replay, settings, torch_stream(self.seed, key, round_, "local-train"))
+        if self.semi is not None and key in self.data.nodes:  # --ssl: the node's unlabelled images join
+            batches = SemiBatches(batches, self.data.unlabeled[key], self.semi.mu, self.data.augment,
+                                  torch_stream(self.seed, key, round_, "fixmatch"))
+            objective = with_fixmatch(objective or Supervised(), self.semi.fixmatch)
         return train_local(model, batches, settings, self.device, objective)

@@ -158,7 +158,7 @@ class CyclicWeightTransfer(Strategy):
 DECLARED = (
     Declaration("cwt", 22, "CWT: one model visits the nodes in a fixed order, floor(|D_k|/b) steps per epoch at "
                 "each (Chang et al.)", lambda o: CyclicWeightTransfer(o), options=CwtOptions, model_key=KEY, transfers=("model",),
-                families=("federated",), published=True,
+                families=("federated",), published=True, semi_supervised=True,
                 bn_averaged="the last node's: the statistics of the node the model visited last, not the evaluating "
                 "node's"),
 )

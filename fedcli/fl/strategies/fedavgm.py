@@ -56,5 +56,6 @@ class FedAvgM(ServerAveraging):
 DECLARED = (
     Declaration("fedavgm", 35, "FedAvgM: FedAvg with server momentum on the averaged update",
                 lambda o: FedAvgM("fedavgm", o), options=MomentumOptions, model_key="global",
-                transfers=("all-reduce",), families=("federated",), bn_averaged=SHARED_STATISTICS),
+                transfers=("all-reduce",), families=("federated",), bn_averaged=SHARED_STATISTICS,
+                semi_supervised=True),
 )

@@ -58,7 +58,7 @@ def central(name: str, order: int, summary: str, real: bool, synthetic: bool, as
 DECLARED = (
     Declaration("standalone", 60, "each node trains alone on its own images",
                 lambda o: Pooled("standalone", o, real=True, synthetic=False, per_node=True), own_architectures=True,
-                families=("baselines", "convergence")),
+                families=("baselines", "convergence"), semi_supervised=True),
     central("central", 70, "centralized: every node's real images pooled", True, False, "pooled real"),
     central("central-synthetic", 71, "centralized on every node's synthetic buffer", False, True, "pooled buffers"),
     central("central-mixed", 72, "centralized on every node's real images and buffers", True, True,

@@ -79,5 +79,5 @@ class Scaffold(ServerAveraging):
 DECLARED = (
     Declaration("scaffold", 50, "Scaffold: FedAvg with control variates correcting each node's drift",
                 lambda o: Scaffold("scaffold", o), model_key="global", transfers=("all-reduce",),
-                families=("federated",)),
+                families=("federated",), semi_supervised=True),
 )

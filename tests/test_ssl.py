@@ -1,0 +1,126 @@
+"""`federate --ssl fixmatch` on a few-labels partition: each node's steps join mu unlabelled images per labelled
+one, a strategy's own terms wrap FixMatch, SSFL resumes and runs distributed to the same numbers, every epoch
+is --steps-per-round batches, and what cannot take it is refused in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import Cli, copy_exp
+from fedcli.data.tensor_source import TensorSource
+from fedcli.fl import stage
+from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.fixmatch import FixMatch, FixMatchSettings, with_fixmatch
+from fedcli.fl.local import Batches, LocalSettings
+from fedcli.fl.objectives import Supervised
+from fedcli.fl.strategies.fedprox import Proximal
+from fedcli.pipeline.runner import federate_key
+from fedcli.rng import torch_stream
+
+RUN = dict(rounds=2, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2)
+
+
+@pytest.fixture(scope="module")
+def few(tmp_path_factory):
+    exp = tmp_path_factory.mktemp("ssl") / "exp"
+    Cli().ok("partition", "--nodes", "3", "--image-size", "16", "--labeled-fraction", "0.1", "--exp", exp)
+    return exp
+
+
+@pytest.fixture(scope="module")
+def ssfl(few, tmp_path_factory):
+    exp = copy_exp(few, tmp_path_factory.mktemp("ssfl"))
+    stage.run(FederateConfig(exp=exp, strategy=("fedavg",), **RUN))
+    return exp
+
+
+def test_each_step_joins_mu_unlabelled_images_per_labelled_one(few, tmp_path, monkeypatch):
+    exp = copy_exp(few, tmp_path)
+    seen = []
+    original = FixMatch.loss
+
+    def recording(self, model, batch):
+        seen.append((batch.n_primary, len(batch.weak), len(batch.strong), self.settings))
+        return original(self, model, batch)
+
+    monkeypatch.setattr(FixMatch, "loss", recording)
+    stage.run(FederateConfig(exp=exp, strategy=("standalone",), **{**RUN, "rounds": 1, "confidence": 0.8}))
+    assert seen and all(weak == strong == 2 * n for n, weak, strong, _ in seen)
+    assert {s for *_, s in seen} == {FixMatchSettings(confidence=0.8, lambda_u=1.0)}
+
+
+def test_a_strategys_own_terms_wrap_fixmatch():
+    anchor = {"w": torch.zeros(1)}
+    prox = Proximal(Supervised(0.3), anchor, 0.01)
+    semi = with_fixmatch(prox, FixMatchSettings(confidence=0.9))
+    assert isinstance(semi, Proximal) and semi.mu == 0.01 and semi.anchor is anchor
+    assert isinstance(semi.base, FixMatch) and semi.base.settings == FixMatchSettings(confidence=0.9, lam=0.3)
+    assert isinstance(prox.base, Supervised)  # the strategy's objective is left as it was
+
+
+def test_ssfl_resumes_after_round_1_to_the_same_numbers(ssfl, few, tmp_path):
+    exp = copy_exp(few, tmp_path)
+
+    def crash(strategy, round_):
+        if round_ == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(FederateConfig(exp=exp, strategy=("fedavg",), **RUN), after_round=crash)
+    stage.run(FederateConfig(exp=exp, strategy=("fedavg",), resume=True, **RUN))
+    for file in ("metrics.csv", "models/global.safetensors"):
+        assert (exp / "federate" / "fedavg" / file).read_bytes() == (ssfl / "federate" / "fedavg" / file).read_bytes()
+
+
+def test_ssfl_gives_the_in_process_numbers_distributed(ssfl, few, tmp_path, cli):
+    exp = copy_exp(few, tmp_path)
+    cli.ok("federate", "--exp", exp, "--strategy", "fedavg", "--rounds", "2", "--epochs", "1", "--init-epochs", "0",
+           "--batch", "8", "--bootstrap", "10", "--threads", "1", "--ssl", "fixmatch", "--unlabeled-ratio", "2",
+           "--engine", "distributed", "--launch", "local")
+    pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / "fedavg" / "metrics.csv"),
+                                  pd.read_csv(ssfl / "federate" / "fedavg" / "metrics.csv"))
+    assert (exp / "federate" / "fedavg" / "models" / "global.safetensors").read_bytes() == \
+        (ssfl / "federate" / "fedavg" / "models" / "global.safetensors").read_bytes()
+
+
+def test_fixmatch_changes_what_ssfl_learns(ssfl, few, tmp_path):
+    exp = copy_exp(few, tmp_path)
+    stage.run(FederateConfig(exp=exp, strategy=("fedavg",), **{**RUN, "ssl": "none"}))
+    assert (exp / "federate" / "fedavg" / "models" / "global.safetensors").read_bytes() != \
+        (ssfl / "federate" / "fedavg" / "models" / "global.safetensors").read_bytes()
+
+
+def test_every_epoch_is_steps_per_round_batches_whatever_the_sources_size():
+    source = TensorSource(torch.zeros(5, 1, 4, 4, dtype=torch.uint8), torch.zeros(5, dtype=torch.long))
+    for epochs, steps in ((1, 7), (2, 3)):
+        settings = LocalSettings(epochs=epochs, lr=0.1, batch=4, epoch_steps=steps)
+        batches = list(Batches(source, None, settings, torch_stream(0, "steps")))
+        assert len(batches) == epochs * steps and all(len(b.labels) == 4 for b in batches)
+
+
+def test_the_fixmatch_options_change_a_fingerprint_only_under_ssl(tmp_path):
+    base = FederateConfig(exp=tmp_path, strategy=("fedavg",))
+    assert federate_key(dataclasses.replace(base, confidence=0.5, lambda_u=0.5)) == federate_key(base)
+    assert federate_key(base) == federate_key(dataclasses.replace(base, ssl="none"))  # before --ssl existed
+    semi = dataclasses.replace(base, ssl="fixmatch")
+    assert federate_key(semi) != federate_key(base)
+    assert federate_key(dataclasses.replace(semi, confidence=0.5)) != federate_key(semi)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--strategy", "central", "--ssl", "fixmatch"], "which central does not train on"),
+    (["--strategy", "fedavg", "--fold", "0"], "select without folds on a few-labels partition"),
+])
+def test_what_cannot_take_fixmatch_is_refused_in_one_line(few, cli, args, says):
+    assert says in cli.user_error("federate", "--exp", few, *args, "--rounds", "1", "--threads", "1")
+
+
+def test_fixmatch_on_a_fully_labelled_partition_is_refused_in_one_line(cli, tmp_path):
+    exp = tmp_path / "full"
+    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--exp", exp)
+    assert "this partition labels every image" in cli.user_error(
+        "federate", "--exp", exp, "--strategy", "fedavg", "--ssl", "fixmatch", "--rounds", "1", "--threads", "1")
