@@ -13,6 +13,7 @@ import torch
 from conftest import Cli, copy_exp
 from fedcli.data.tensor_source import TensorSource
 from fedcli.fl import stage
+from fedcli.config import to_json
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.fixmatch import FixMatch, FixMatchSettings, with_fixmatch
 from fedcli.fl.local import Batches, LocalSettings
@@ -102,18 +103,42 @@ def test_every_epoch_is_steps_per_round_batches_whatever_the_sources_size():
         assert len(batches) == epochs * steps and all(len(b.labels) == 4 for b in batches)
 
 
-def test_the_fixmatch_options_change_a_fingerprint_only_under_ssl(tmp_path):
+def test_the_new_options_leave_a_runs_fingerprint_unchanged_until_used(tmp_path):
+    from fedcli.fl.runs import computed
+
     base = FederateConfig(exp=tmp_path, strategy=("fedavg",))
+    new = {"ssl", "steps_per_round", "confidence", "lambda_u", "unlabeled_ratio"}
+    assert not new & set(federate_key(base))  # a run made before they existed keeps its key
+    assert not new & set(computed(to_json(base)))  # and its checkpoints
     assert federate_key(dataclasses.replace(base, confidence=0.5, lambda_u=0.5)) == federate_key(base)
-    assert federate_key(base) == federate_key(dataclasses.replace(base, ssl="none"))  # before --ssl existed
+    assert federate_key(dataclasses.replace(base, steps_per_round=5)) != federate_key(base)
     semi = dataclasses.replace(base, ssl="fixmatch")
     assert federate_key(semi) != federate_key(base)
     assert federate_key(dataclasses.replace(semi, confidence=0.5)) != federate_key(semi)
 
 
+def test_the_strategies_terms_run_with_fixmatch_and_steps_per_round(few, tmp_path):
+    exp = copy_exp(few, tmp_path)
+    steps = []
+    original = FixMatch.loss
+
+    def counting(self, model, batch):
+        steps.append(1)
+        return original(self, model, batch)
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(FixMatch, "loss", counting)
+        stage.run(FederateConfig(exp=exp, strategy=("fedprox", "scaffold", "cwt"),
+                                 **{**RUN, "rounds": 1, "steps_per_round": 2}))
+    # fedprox and scaffold: 3 nodes x 2 steps; cwt: one model visiting 3 nodes x 2 steps
+    assert len(steps) == 3 * 2 * 3
+    for name in ("fedprox", "scaffold", "cwt"):
+        assert (exp / "federate" / name / "metrics.csv").is_file()
+
+
 @pytest.mark.parametrize("args, says", [
     (["--strategy", "central", "--ssl", "fixmatch"], "which central does not train on"),
-    (["--strategy", "fedavg", "--fold", "0"], "select without folds on a few-labels partition"),
+    (["--strategy", "fedavg", "--ssl", "fixmatch", "--fold", "0"], "select without folds on a few-labels partition"),
 ])
 def test_what_cannot_take_fixmatch_is_refused_in_one_line(few, cli, args, says):
     assert says in cli.user_error("federate", "--exp", few, *args, "--rounds", "1", "--threads", "1")
@@ -122,5 +147,5 @@ def test_what_cannot_take_fixmatch_is_refused_in_one_line(few, cli, args, says):
 def test_fixmatch_on_a_fully_labelled_partition_is_refused_in_one_line(cli, tmp_path):
     exp = tmp_path / "full"
     cli.ok("partition", "--nodes", "3", "--image-size", "16", "--exp", exp)
-    assert "this partition labels every image" in cli.user_error(
+    assert "this partition labels every training image" in cli.user_error(
         "federate", "--exp", exp, "--strategy", "fedavg", "--ssl", "fixmatch", "--rounds", "1", "--threads", "1")

@@ -20,9 +20,9 @@ from fedcli.fl.strategies import REGISTRY
 
 LrSchedule = Literal["constant", "cosine", "step"]  # over init-epochs + R x E epochs (fl/local.py)
 Optimizer = Literal["adam", "sgd"]
-Weighting = Literal["samples", "equal"]
+Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
 Ssl = Literal["none", "fixmatch"]  # --ssl: the local objective on a few-labels partition (fl/fixmatch.py)
-FIXMATCH_OPTIONS = ("confidence", "lambda_u", "unlabeled_ratio")  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
+FIXMATCH_OPTIONS = ("confidence", "lambda_u", "unlabeled_ratio")
 ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
 SHARED_SELECT_KEYS = ("rounds", "epochs", "lr")  # what a [select] grid may vary for every strategy
 

@@ -130,7 +130,7 @@ class Batches:
                  generator: torch.Generator, epoch_size: int | None = None):
         self.primary, self.replay, self.settings, self.generator = primary, replay, settings, generator
         self.epoch_size = len(primary) if epoch_size is None else epoch_size
-        if settings.epoch_steps:
+        if settings.epoch_steps and len(primary):  # an empty source stays empty
             self.epoch_size = settings.epoch_steps * settings.batch
 
     def __len__(self) -> int:

@@ -91,9 +91,9 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
         raise UserError(f"node {unlabelled[0]} holds no labelled image (partition --labeled-nodes), and federate "
                         "trains on visible labels only: partition with every node labelled (a few labels each: "
                         "--labeled-fraction)")
-    if cfg.ssl != "none" and not labels:
-        raise UserError(f"--ssl {cfg.ssl} learns from unlabelled images, and this partition labels every image; "
-                        "re-run fedcli partition --overwrite with --labeled-fraction F")
+    if cfg.ssl != "none" and not (labels and labels["fraction"] < 1):
+        raise UserError(f"--ssl {cfg.ssl} learns from unlabelled images, and this partition labels every training "
+                        "image; re-run fedcli partition --overwrite with --labeled-fraction F")
     if labels and (cfg.cv or cfg.fold is not None):
         raise UserError("--fold/--cv select by folds drawn before the labels were hidden, so a fold of a node's few "
                         "labelled images can miss a class; select without folds on a few-labels partition")

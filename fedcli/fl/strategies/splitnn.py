@@ -67,7 +67,7 @@ class SplitLearning(CyclicWeightTransfer):
         if not (at_node or at_server):
             return
         settings = fed.trainer.settings(node, round_, epochs)
-        steps = epochs * len(batch_bounds(self.sizes[node], settings.batch))
+        steps = epochs * (settings.epoch_steps or len(batch_bounds(self.sizes[node], settings.batch)))
         batches = Batches(fed.data.train[node], None, settings, torch_stream(fed.seed, node, round_, "local-train")) \
             if at_node else None
         link = Link(fed.transport, round_, node, self.server, self.shape, fed.data.num_classes)
