@@ -51,6 +51,10 @@ class Transport(abc.ABC):
     def receive(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
         """The next `kind` payload from `sender` to `receiver`, waiting for it if need be."""
 
+    def send_whenever(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes) -> None:
+        """`send`, for a payload its receiver takes with `receive_whenever`."""
+        self.send(round_, sender, receiver, kind, payload)
+
     def receive_whenever(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
         """`receive`, for a payload sent only after work of unbounded length (a serial chain's training): it
         waits past the timeout while the sender lives."""

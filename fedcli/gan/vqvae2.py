@@ -260,7 +260,7 @@ class SerialTraining:
         return held
 
     def send(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes, counted: bool = True) -> None:
-        self.transport.send(round_, sender, receiver, kind, payload)
+        self.transport.send_whenever(round_, sender, receiver, kind, payload)
         if counted:
             self.sent[sender] += len(payload)
 

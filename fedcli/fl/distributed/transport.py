@@ -30,7 +30,7 @@ class TorchTransport(Transport):
         self.group, self.strategy = group, strategy
         self.rank_of = {name: rank for rank, name in enumerate(group.names)}
         self._pending: list = []
-        self._taken: dict[str, int] = {}  # payloads received, per sender, receiver and kind
+        self._taken: dict[str, int] = {}  # posted payloads received, per sender, receiver and kind
 
     @staticmethod
     def _key(sender: str, receiver: str, kind: str) -> str:
@@ -43,17 +43,19 @@ class TorchTransport(Transport):
         self.record(round_, sender, receiver, kind, len(payload))
         with self.group.step(self._where(round_, f"sending the {kind} to {receiver}"), self.rank_of[receiver]):
             self._pending += self.group.send_bytes(self.rank_of[receiver], TAGS[kind], payload)
-            self.group.post(self._key(sender, receiver, kind))
+
+    def send_whenever(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes) -> None:
+        self.send(round_, sender, receiver, kind, payload)
+        self.group.post(self._key(sender, receiver, kind))  # only here: federate's sends keep no store round trip
 
     def receive(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
-        key = self._key(sender, receiver, kind)
-        self._taken[key] = self._taken.get(key, 0) + 1
         with self.group.step(self._where(round_, f"waiting for the {kind} from {sender}"), self.rank_of[sender]):
             return self.group.recv_bytes(self.rank_of[sender], TAGS[kind])
 
     def receive_whenever(self, round_: int, sender: str, receiver: str, kind: str) -> bytes:
         key = self._key(sender, receiver, kind)
-        self.group.await_posted(key, self._taken.get(key, 0) + 1, [self.rank_of[sender]],
+        self._taken[key] = self._taken.get(key, 0) + 1
+        self.group.await_posted(key, self._taken[key], [self.rank_of[sender]],
                                 self._where(round_, f"waiting for {sender} to train and send the {kind}"))
         return self.receive(round_, sender, receiver, kind)
 
