@@ -16,7 +16,7 @@ from fedcli.fl.local import Batches, LocalSettings, train_local
 from fedcli.fl.objectives import Batch, Supervised, replay_loss
 from fedcli.fl.payloads import PayloadError, decode_buffer, decode_model, encode_buffer, encode_model
 from fedcli.fl.strategies.fedprox import proximal_term
-from fedcli.fl.transport import weighted_average
+from fedcli.fl.exact_average import weighted_average
 from fedcli.models.classifier import SmallCNN, batchnorm_keys, build_classifier
 
 

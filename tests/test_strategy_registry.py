@@ -93,7 +93,7 @@ def another_value(field: dataclasses.Field, annotation) -> object:
     if isinstance(kind, tuple):  # a Literal's values
         return next(v for v in kind if v != field.default)
     bounds = field.metadata["range"]
-    value = bounds.low + (bounds.high - bounds.low) / 3 if field.default is None else field.default / 2
+    value = bounds.low + (bounds.high - bounds.low) / 3 if not field.default else field.default / 2  # None, 0
     return round(value) if kind is int else value
 
 

@@ -18,7 +18,7 @@ from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.buffer_exchange import BufferExchange
 from fedcli.fl.checkpoint import Checkpoint, CheckpointMismatch
 from fedcli.fl.evaluator import Evaluator
-from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.federate_config import FederateConfig, semi_supervised
 from fedcli.vqvae.codec import load_codec
 from fedcli.fl.node_data import NodeData, NodeImages
 from fedcli.fl.strategies import EVAL, REGISTRY, Strategy
@@ -65,12 +65,12 @@ class Federation:
         return self.train_sizes() if self.weighting == "samples" else dict.fromkeys(self.nodes, 1)
 
 
-def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, device: str = "cpu", fold: int | None = None,
-          buffers: dict[str, TensorSource] | None = None, images: NodeImages | None = None,
+def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, name: str | None = None, device: str = "cpu",
+          fold: int | None = None, buffers: dict[str, TensorSource] | None = None, images: NodeImages | None = None,
           transport: Transport | None = None, local_nodes: list[str] | None = None,
           cross_eval: bool = True) -> Federation:
-    """The Federation of one (strategy, fold) run of `cfg`; the engine's parts: `transport`, `local_nodes`
-    (default: every node, in process) and `cross_eval`."""
+    """The Federation of strategy `name`'s run (default: cfg's first strategy) of `cfg` on `fold`; the engine's
+    parts: `transport`, `local_nodes` (default: every node, in process) and `cross_eval`."""
     buffers = buffers or {}
     data = NodeData(manifest, lambda node: buffers[node], fold, images,
                     lambda node: load_codec(cfg.exp, manifest, node, ", ".join(cfg.strategy)))
@@ -78,7 +78,7 @@ def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, device: str = "
                     batch=cfg.batch, node_batch=cfg.batch_sizes(), lr_schedule=cfg.lr_schedule,
                     lr_step_epochs=cfg.lr_step_epochs, lr_step_factor=cfg.lr_step_factor, optimizer=cfg.optimizer,
                     sgd_momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay, epoch_steps=cfg.steps_per_round)
-    semi = None if cfg.ssl == "none" else Semi(FixMatchSettings(cfg.confidence, cfg.lambda_u), cfg.unlabeled_ratio)
+    semi = None if not semi_supervised({"ssl": cfg.ssl, "strategy": name or cfg.strategy[0]}) else Semi(FixMatchSettings(cfg.confidence, cfg.lambda_u), cfg.unlabeled_ratio)
     trainer = LocalTrainer(data, budget, seed, device, cfg.model, cfg.pretrained, cfg.model_weights, semi)
     transport = transport or InProcessTransport()
     local_nodes = list(data.nodes if local_nodes is None else local_nodes)

@@ -149,8 +149,16 @@ def inapplicable(values: dict[str, Any]) -> set[str]:
     """Shared options (of a run's resolved values) that its other choices leave unused (SGD's momentum under
     Adam, the step schedule's settings under another schedule): they change no result, so no fingerprint."""
     unused = set() if values.get("optimizer") == "sgd" else {"sgd_momentum"}
-    unused |= set() if values.get("ssl", "none") != "none" else set(FIXMATCH_OPTIONS)
+    unused |= set() if semi_supervised(values) else set(FIXMATCH_OPTIONS)
     return unused | (set() if values.get("lr_schedule") == "step" else {"lr_step_epochs", "lr_step_factor"})
+
+
+def semi_supervised(values: dict[str, Any]) -> bool:
+    """Whether a run (its resolved values, or a one-strategy config's) trains with FixMatch: --ssl, or a
+    strategy that always does."""
+    names = values.get("strategy", ())
+    names = (names,) if isinstance(names, str) else names
+    return values.get("ssl", "none") != "none" or any(REGISTRY[name].fixmatch for name in names)
 
 
 def resolved_options(cfg: FederateConfig, strategy: str) -> dict[str, Any]:

@@ -59,12 +59,18 @@ class FixMatch(Objective):
         supervised = replay_loss(logits[:n], batch.labels, batch.n_primary, self.settings.lam)
         if u == 0:
             return supervised
-        return supervised + self.settings.lambda_u * self.consistency(logits[n:n + u], logits[n + u:])
+        return supervised + self.unlabelled(logits[n:n + u], logits[n + u:], batch)
 
-    def consistency(self, weak_logits: torch.Tensor, strong_logits: torch.Tensor) -> torch.Tensor:
+    def unlabelled(self, weak_logits: torch.Tensor, strong_logits: torch.Tensor, batch: SemiBatch) -> torch.Tensor:
+        """The unlabelled images' term: lambda_u times the masked cross-entropy of the strong views against the
+        weak views' confident labels (a subclass labels them otherwise, or adds a term)."""
         confidence, pseudo = torch.softmax(weak_logits.detach(), dim=1).max(dim=1)
-        mask = (confidence >= self.settings.confidence).to(strong_logits.dtype)
-        return (F.cross_entropy(strong_logits, pseudo, reduction="none") * mask).mean()
+        return self.settings.lambda_u * masked_cross_entropy(strong_logits, pseudo, confidence >= self.settings.confidence)
+
+
+def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean over every image of 1[mask] CE: unmasked images count in the mean with a loss of 0 (FixMatch's)."""
+    return (F.cross_entropy(logits, labels, reduction="none") * mask.to(logits.dtype)).mean()
 
 
 class SemiBatches:
@@ -96,6 +102,8 @@ def with_fixmatch(objective: Objective, settings: FixMatchSettings) -> Objective
         wrapped = copy.copy(objective)
         wrapped.base = with_fixmatch(objective.base, settings)
         return wrapped
+    if isinstance(objective, FixMatch):  # a strategy's own FixMatch (peers labelling the unlabelled images)
+        return objective
     if isinstance(objective, Supervised):
         return FixMatch(dataclasses.replace(settings, lam=objective.lam))
     raise TypeError(f"FixMatch cannot replace the core of {type(objective).__name__}")

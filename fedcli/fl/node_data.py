@@ -58,3 +58,9 @@ class NodeData:
         self.shared = LazySources(lambda node: self.images.get(node, "shared", None))  # its part of the shared set
         self.unlabeled = LazySources(lambda node: self.images.get(node, "unlabeled", None))  # labels: UNSEEN
         self.codecs = LazySources(codecs or (lambda node: None))  # a node's VQ-VAE-2 and codes (fedcli/vqvae/codec.py)
+        held_apart = (manifest.data.get("labels") or {}).get("held_apart")
+        self.held_apart_holder: str | None = held_apart["holder"] if held_apart else None
+
+    def held_apart(self) -> TensorSource:
+        """The labelled set held apart (partition --held-apart-fraction), as its holder reads it."""
+        return self.images.get(self.held_apart_holder, "held_apart", None)

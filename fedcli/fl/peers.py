@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fedcli.fl.transport import weighted_average
+from fedcli.fl.exact_average import weighted_average
 
 POLICIES = ("static", "validation", "gated-validation", "gated-similarity")
 
@@ -70,5 +70,5 @@ def top_peers(client: int, sim: torch.Tensor, count: int, candidates: Sequence[i
 
 def anonymised(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The peers' models averaged with equal weights, the one model the client receives: the averaging
-    strategies' exact fixed-point mean (fl/transport.py), so it is the same whichever order they arrive in."""
+    strategies' exact fixed-point mean (fl/exact_average.py), so it is the same whichever order they arrive in."""
     return weighted_average(list(states), [1] * len(states))

@@ -23,6 +23,7 @@ from fedcli.fl.checkpoint import Checkpoint
 from fedcli.fl.federate_config import (ENGINE_OPTIONS, FederateConfig, inapplicable, resolved_options,
                                       without_strategy_options)
 from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.peer_learning import GATED, VALIDATED
 from fedcli.fl.transport import Transfer
 from fedcli.models.cuts import check_cut
 from fedcli.replay.buffer import load_buffer_file
@@ -106,6 +107,12 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
             raise UserError(f"{name} replays the codes of every training image, the validation fold's too, so a fold "
                             "would score reconstructions of its own images; select without --fold/--cv, or pass "
                             "--replay-source buffers")
+        if getattr(options, "policy", None) in VALIDATED and not manifest.data.get("labels", {}).get("held_apart"):
+            raise UserError(f"{name} --policy {options.policy} scores peers on the held-apart set, which this partition "
+                            "has none of; re-run fedcli partition --overwrite with --held-apart-fraction F")
+        if getattr(options, "policy_threshold", None) is not None and options.policy not in GATED:
+            raise UserError(f"--policy-threshold applies to the gated policies ({', '.join(GATED)}), not to "
+                            f"--policy {options.policy}; drop it or choose a gated policy")
         if hasattr(options, "cut"):
             check_cut(architectures(cfg.model)[0], options.cut)
         for field in REGISTRY[name].option_fields():

@@ -55,7 +55,7 @@ def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fol
             buffers: dict[str, TensorSource], buffer_info: dict[str, dict], images: NodeImages,
             after_round) -> StrategyRun:
     out = federate_dir(cfg.exp, name, fold)
-    fed = engine.build(cfg, manifest, run_seed(cfg, manifest), device=device, fold=fold, buffers=buffers, images=images)
+    fed = engine.build(cfg, manifest, run_seed(cfg, manifest), name=name, device=device, fold=fold, buffers=buffers, images=images)
     resolved = strategy_config(cfg, manifest, name, fold, buffer_info)
     strategy = REGISTRY.build(name, resolved)
     work = checkpoint_dir(out)

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from fedcli.fl.distributed.group import Group
+from fedcli.fl.exact_average import fixed_point, from_fixed_point, precision_bits, scale_exponents
 from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.transport import EVERYONE, Transport, all_reduce_bytes, check_finite, fixed_point, from_fixed_point, \
-    precision_bits, scale_exponents
+from fedcli.fl.transport import EVERYONE, Transport, all_reduce_bytes, check_finite
 
 TAGS = {kind: i + 1 for i, kind in enumerate(REGISTRY.transfer_kinds())}  # every rank numbers them alike
 

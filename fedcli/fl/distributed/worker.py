@@ -142,7 +142,7 @@ class Rank:
         cfg, node = self.cfg, self.node
         out = federate_dir(cfg.exp, name, fold)
         transport = TorchTransport(self.group, run_label(name, fold))
-        fed = engine.build(cfg, self.manifest, run_seed(cfg, self.manifest), device=self.device, fold=fold,
+        fed = engine.build(cfg, self.manifest, run_seed(cfg, self.manifest), name=name, device=self.device, fold=fold,
                            buffers=self.buffers, images=self.images, transport=transport, local_nodes=[node],
                            cross_eval=cfg.cross_eval)
         resolved = strategy_config(cfg, self.manifest, name, fold, self.buffer_info)
