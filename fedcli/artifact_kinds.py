@@ -55,8 +55,8 @@ KINDS: tuple[Kind, ...] = (
          "valid JSON; the inputs it names still hash to what it recorded (stale_inputs: fedcli run, report)"),
     Kind("partition summary", ("partition/summary.csv", "partition/summary.png"), ""),
     Kind("hidden labels", ("partition/hidden_labels.json",),
-         "the labels a few-labels partition hides, tied to its content hash; no stage reads them (kept for the "
-         "upper bounds' oracle)"),
+         "the labels a few-labels partition hides, tied to its content hash; read only by the upper bounds' oracle "
+         "(federate --labels all: read_hidden_labels checks the hash and every label)"),
     Kind("generator", tuple("gan/*/" + name for name in (GENERATOR, GENERATOR_PHASE1, GENERATOR_CONTROL,
                                                          GENERATOR_RESEEDED, GENERATOR_TINY,
                                                          GENERATOR_REFERENCE)),
@@ -71,7 +71,7 @@ KINDS: tuple[Kind, ...] = (
          "a serial generator after each institution; its config fingerprint compared before it is resumed"),
     Kind("GAN training log", ("gan/*/metrics.csv", "gan/*/samples.png"), "", recorded=True),
     Kind("federate results", fold_too("federate/*/metrics.csv", "federate/*/comm.csv", "federate/*/bn_statistics.csv",
-                                      "federate/*/forgetting.csv"),
+                                      "federate/*/forgetting.csv", "federate/*/peers.csv"),
          "read as tables by the report and by model selection", recorded=True),
     Kind("classifier", fold_too("federate/*/models/*.safetensors"),
          f"{RECORDED}; tensors fit the classifier; finite values (predict)", recorded=True),

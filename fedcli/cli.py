@@ -15,7 +15,7 @@ from fedcli.config import (AuditConfig, Device, Engine, GanConfig, Launch, Lpips
                            PartitionConfig, PredictConfig, PrivacyLoss, PrivacyScale, ReportConfig, Scheme, SelectRule,
                            Source, Task, number_or_keyword, read_recipe, resolve)
 from fedcli.errors import UserError, environment_message
-from fedcli.fl.federate_config import FederateConfig, LrSchedule, Optimizer, Ssl, Weighting
+from fedcli.fl.federate_config import FederateConfig, Labels, LrSchedule, Optimizer, Ssl, Weighting
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import check_experiment_folder
 from fedcli.pipeline.shipped import locate, shipped_recipes
@@ -369,6 +369,9 @@ def federate(
     ssl: Ssl = typer.Option(FederateConfig.ssl, help="Few labels (partition --labeled-fraction): fixmatch trains each "
                             "node also on its unlabelled images (FixMatch: standalone is local FixMatch, fedavg is "
                             "SSFL); none: the visible labels only (the lower bound)."),
+    labels: Labels = typer.Option(FederateConfig.labels, help="Few labels: all gives every training image its hidden "
+                                  "label (partition/hidden_labels.json), the oracle of the upper bounds; visible: "
+                                  "only the labels the partition shows."),
     confidence: float = typer.Option(FederateConfig.confidence, help="FixMatch: the confidence a weak view's "
                                      "prediction needs to become a pseudo label (tau; FedPerl's code 0.6)."),
     lambda_u: float = typer.Option(FederateConfig.lambda_u, help="FixMatch: the unlabelled loss's weight (FedPerl's "
@@ -379,6 +382,9 @@ def federate(
                                                   "images cycled without replacement, whatever a node's size (FedVC; "
                                                   "FedPerl's 100) \\[default: one pass over them].",
                                                   show_default=False),
+    participation: float = typer.Option(FederateConfig.participation, help="Averaging strategies: the share of the "
+                                        "nodes that train in each round after round 0, round(share x nodes) of them "
+                                        "(at least one), drawn per seed and round (FedPerl's 30%)."),
     model: list[str] = typer.Option(list(FederateConfig.model), help="Repeatable. Classifier: cnn (quick), "
                                     "resnet18 (the FedER study), resnet34 (the generative-replay study), resnet50, "
                                     "densenet121; NODE=ARCH gives a node its own "

@@ -78,8 +78,8 @@ class Range:
 # Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
 UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "labeled_fraction": 1.0, "validation_fraction": 0.0,
-                "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "ssl": "none",
-                "steps_per_round": None, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
+                "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "ssl": "none", "labels": "visible",
+                "steps_per_round": None, "participation": 1.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
                 "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
                 "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4}
 
@@ -442,10 +442,13 @@ class AuditConfig:
         check_weights_file(self, "lpips_weights")
 
 
-Metric = Literal["accuracy", "balanced-accuracy", "f1", "auroc", "sensitivity", "specificity", "ece"]
-METRIC_COLUMNS = {"accuracy": "accuracy", "balanced-accuracy": "balanced_accuracy", "f1": "f1_macro", "auroc": "auroc",
-                  "sensitivity": "sensitivity", "specificity": "specificity", "ece": "ece"}
-LOWER_IS_BETTER = {"ece"}  # metrics.csv columns where the best value is the lowest
+Metric = Literal["accuracy", "balanced-accuracy", "f1", "f1-weighted", "precision", "precision-weighted", "auroc",
+                 "auprc", "sensitivity", "specificity", "ece", "adaptive-ece", "adaptive-mce"]
+METRIC_COLUMNS = {"accuracy": "accuracy", "balanced-accuracy": "balanced_accuracy", "f1": "f1_macro",
+                  "f1-weighted": "f1_weighted", "precision": "precision_macro", "precision-weighted": "precision_weighted",
+                  "auroc": "auroc", "auprc": "auprc", "sensitivity": "sensitivity", "specificity": "specificity",
+                  "ece": "ece", "adaptive-ece": "adaptive_ece", "adaptive-mce": "adaptive_mce"}
+LOWER_IS_BETTER = {"ece", "adaptive_ece", "adaptive_mce"}  # metrics.csv columns where the best value is the lowest
 
 
 @dataclasses.dataclass(frozen=True)

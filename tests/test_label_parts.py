@@ -142,15 +142,19 @@ def test_permuting_the_hidden_labels_changes_no_model_metric_or_prediction(cli, 
         rewrite_hidden_labels(exp, change)
         cli.ok("train-gan", "--exp", exp, "--iterations", "10", "--pp-iterations", "0", "--fid-every", "10",
                "--fid-images", "16", "--fidelity-seeds", "0", "--buffer-size", "20", "--threads", "1")
-        cli.ok("federate", "--exp", exp, "--strategy", "fedavg", "--strategy", "feder", "--rounds", "1",
-               "--epochs", "1", "--init-epochs", "0", "--batch", "32", "--buffer-size", "20", "--bootstrap", "10",
-               "--threads", "1")
+        cli.ok("federate", "--exp", exp, "--strategy", "fedavg", "--strategy", "feder", "--strategy", "fedperl",
+               "--ssl", "fixmatch", "--unlabeled-ratio", "1", "--rounds", "2", "--epochs", "1", "--init-epochs", "0",
+               "--batch", "32", "--buffer-size", "20", "--bootstrap", "10", "--threads", "1")
+        cli.ok("federate", "--exp", exp, "--strategy", "standalone", "--labels", "all", "--rounds", "1", "--epochs",
+               "1", "--init-epochs", "0", "--batch", "32", "--bootstrap", "10", "--threads", "1")  # the oracle
         runs[name] = exp
     for node in ("node0", "node1", "node2"):
         buffers = [runs[name] / "gan" / node / "buffer.safetensors" for name in runs]
         assert buffers[0].read_bytes() == buffers[1].read_bytes()
     runs = {name: exp / "federate" for name, exp in runs.items()}
-    for strategy in ("fedavg", "feder"):
+    oracles = [(runs[name] / "standalone" / "models" / "node0.safetensors").read_bytes() for name in runs]
+    assert oracles[0] != oracles[1]  # --labels all reads them, and only it
+    for strategy in ("fedavg", "feder", "fedperl"):  # with FixMatch on the unlabelled images, and peers
         folders = [runs[name] / strategy for name in runs]
         assert (folders[0] / "metrics.csv").read_text() == (folders[1] / "metrics.csv").read_text()
         assert (folders[0] / "predictions.safetensors").read_bytes() == (folders[1] / "predictions.safetensors").read_bytes()
@@ -178,3 +182,28 @@ def test_the_few_labels_options_at_their_defaults_leave_a_partition_units_finger
     assert not keys & {"labeled_fraction", "validation_fraction", "labeled_nodes", "held_apart_fraction",
                        "held_apart_node"}
     assert "labeled_fraction" in plain(PartitionConfig(exp=tmp_path, labeled_fraction=0.5))
+
+
+def test_the_oracle_gives_every_unlabelled_image_its_hidden_label(parts, tmp_path, cli):
+    from fedcli.fl import engine
+    from fedcli.fl.federate_config import FederateConfig
+
+    _, few = parts
+    exp = few.path.parent.parent
+    oracle = engine.build(FederateConfig(exp=exp, strategy=("standalone",), labels="all"), few, 0).data
+    plain = engine.build(FederateConfig(exp=exp, strategy=("standalone",)), few, 0).data
+    for node in ("node0", "node2"):
+        labelled, unlabelled = plain.train[node], plain.unlabeled[node]
+        assert torch.equal(oracle.train[node].images, torch.cat([labelled.images, unlabelled.images]))
+        assert oracle.train[node].labels.tolist() == labelled.labels.tolist() + hidden(few)[node]
+        assert len(oracle.unlabeled[node]) == 0 and len(unlabelled) > 0
+    copy = tmp_path / "exp"
+    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--labeled-fraction", "0.2", "--exp", copy)
+    rewrite_hidden_labels(copy, lambda labels: labels[:-1])
+    assert "does not hold" in cli.user_error("federate", "--exp", copy, "--strategy", "fedavg", "--labels", "all",
+                                             "--rounds", "1", "--threads", "1")
+    assert "leaves none for --ssl" in cli.user_error("federate", "--exp", copy, "--strategy", "fedavg", "--labels",
+                                                     "all", "--ssl", "fixmatch", "--rounds", "1", "--threads", "1")
+    full = parts[0].path.parent.parent
+    assert "this partition hides none" in cli.user_error("federate", "--exp", full, "--strategy", "fedavg", "--labels",
+                                                         "all", "--rounds", "1", "--threads", "1")

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from skimage.metrics import structural_similarity
-from sklearn.metrics import confusion_matrix, recall_score
+from sklearn.metrics import average_precision_score, confusion_matrix, precision_recall_fscore_support, recall_score
 
 from fedcli.audit import scores
-from fedcli.fl.evaluate import ECE_BINS, evaluate, metric_values, resample_counts
+from fedcli.fl.evaluate import ADAPTIVE_BINS, ECE_BINS, evaluate, metric_values, resample_counts
 
 
 def hand_ece(y, probs, weights):
@@ -61,6 +61,58 @@ def test_sensitivity_specificity_and_ece_match_scikit_learn_and_a_hand_computati
             assert got["sensitivity"] == pytest.approx(np.nanmean([s for s, _ in per_class]))
             assert got["specificity"] == pytest.approx(np.nanmean([s for _, s in per_class]))
         assert got["ece"] == pytest.approx(hand_ece(y, probs, np.ones(n)))
+
+
+@pytest.mark.parametrize("classes", [2, 5])
+def test_precision_recall_f1_and_auprc_equal_scikit_learn_also_on_resamples(classes):
+    """Macro (classes present or predicted, undefined counting 0) and weighted by support, per class, and average
+    precision one vs rest (binary: class 1), with a resample's counts as scikit-learn's sample weights."""
+    rng = np.random.default_rng(classes)
+    for trial in range(20):
+        n = int(rng.integers(6, 40))
+        y = rng.integers(0, classes, n)
+        probs = rng.dirichlet(np.ones(classes) * (0.3 if trial % 2 else 3), n)
+        if trial % 4 == 0:
+            probs = np.round(probs, 1) + 1e-9 * np.arange(classes)  # tied scores
+        counts = np.vstack([np.ones(n), rng.multinomial(n, np.full(n, 1 / n))])
+        got = metric_values(y, probs, counts)
+        for b, w in enumerate(counts):
+            pred = probs.argmax(1)
+            for average in ("macro", "weighted"):
+                p, r, f, _ = precision_recall_fscore_support(y, pred, average=average, sample_weight=w, zero_division=0,
+                                                             labels=np.unique(np.r_[y[w > 0], pred[w > 0]]))
+                assert (got[f"precision_{average}"][b], got[f"recall_{average}"][b], got[f"f1_{average}"][b]) == \
+                    pytest.approx((p, r, f)), (trial, b, average)
+            present = [c for c in range(classes) if ((y == c) * w).sum() > 0]
+            expected = [average_precision_score(y == c, probs[:, c], sample_weight=w) for c in present]
+            assert got["auprc"][b] == pytest.approx(expected[-1] if classes == 2 else np.mean(expected)), (trial, b)
+            if classes > 2:
+                p, _, f, _ = precision_recall_fscore_support(y, pred, labels=range(classes), sample_weight=w,
+                                                             zero_division=0)
+                for c in range(classes):
+                    if ((pred == c) * w).sum():
+                        assert got[f"precision:{c}"][b] == pytest.approx(p[c])
+                    if ((pred == c) * w).sum() + ((y == c) * w).sum():
+                        assert got[f"f1:{c}"][b] == pytest.approx(f[c])
+
+
+def test_adaptive_ece_and_mce_equal_a_hand_computation_over_equal_mass_bins():
+    rng = np.random.default_rng(1)
+    n, classes = 47, 3
+    y = rng.integers(0, classes, n)
+    probs = rng.dirichlet(np.ones(classes), n)
+    confidence, correct = probs.max(1), (probs.argmax(1) == y).astype(float)
+    order = np.argsort(confidence)
+    sizes = [n // ADAPTIVE_BINS + (k < n % ADAPTIVE_BINS) for k in range(ADAPTIVE_BINS)]  # 4, 4, 3, ...
+    gaps, start = [], 0
+    for size in sizes:
+        members = order[start:start + size]
+        start += size
+        gaps.append((size, abs(correct[members].mean() - confidence[members].mean())))
+    got = {k: v[0] for k, v in metric_values(y, probs, np.ones((1, n))).items()}
+    assert got["adaptive_ece"] == pytest.approx(sum(size * gap for size, gap in gaps) / n)
+    assert got["adaptive_mce"] == pytest.approx(max(gap for _, gap in gaps))
+    assert max(sizes) - min(sizes) == 1
 
 
 def test_the_positive_class_decides_binary_sensitivity():

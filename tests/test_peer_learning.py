@@ -12,15 +12,18 @@ from torch import nn
 
 from conftest import Cli, copy_exp
 from fedcli.artifacts import load_tensors
-from fedcli.fl import stage
+from fedcli.data.manifest import Manifest
+from fedcli.fl import engine, stage
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.fixmatch import FixMatchSettings, SemiBatch
 from fedcli.fl.peer_teaching import PeerFixMatch, pseudo_labels
+from fedcli.fl.trainer import LocalTrainer
 
+# three of the four nodes train each round (--participation), so the engines and the resume are compared with it
 RUN = dict(rounds=3, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2,
-           confidence=0.5)
+           confidence=0.5, participation=0.75)
 ARGS = ["--rounds", "3", "--epochs", "1", "--init-epochs", "0", "--batch", "8", "--bootstrap", "10", "--threads", "1",
-        "--ssl", "fixmatch", "--unlabeled-ratio", "2", "--confidence", "0.5"]
+        "--ssl", "fixmatch", "--unlabeled-ratio", "2", "--confidence", "0.5", "--participation", "0.75"]
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +123,36 @@ def test_peers_change_what_is_learnt_and_are_chosen_as_the_policy_says(reference
             assert chosen.similarity.is_monotonic_decreasing
     static = pd.read_csv(reference / "federate" / "fedmatch" / "peers.csv")
     assert static.groupby(["round", "node"]).size().eq(2).all()  # static: always T peers
+    for round_, chosen in static.groupby("round"):  # only the round's participants choose, if they have a model
+        trained = {node for r in range(1, round_) for node in participants(reference, r)}
+        assert sorted(set(chosen.node)) == sorted(set(participants(reference, round_)) & trained)
+
+
+def participants(exp, round_) -> list[str]:
+    cfg = FederateConfig(exp=exp, strategy=("fedavg",), **RUN)
+    return engine.build(cfg, Manifest.load(exp), 0).participants(round_)
+
+
+def test_participants_are_drawn_per_seed_and_round_and_only_they_train(few, tmp_path, monkeypatch):
+    drawn = [participants(few, round_) for round_ in range(4)]
+    assert drawn[0] == ["node0", "node1", "node2", "node3"]  # round 0: everyone
+    assert all(len(d) == 3 for d in drawn[1:]) and len({tuple(d) for d in drawn[1:]}) > 1
+    assert drawn == [participants(few, round_) for round_ in range(4)]
+    cfg = FederateConfig(exp=few, strategy=("fedavg",), **{**RUN, "participation": 0.2})
+    assert len(engine.build(cfg, Manifest.load(few), 0).participants(1)) == 1  # at least one
+    trained = []
+    original = LocalTrainer.train
+
+    def recording(self, model, key, round_, *args, **kwargs):
+        trained.append((round_, key))
+        return original(self, model, key, round_, *args, **kwargs)
+
+    monkeypatch.setattr(LocalTrainer, "train", recording)
+    exp = copy_exp(few, tmp_path)
+    stage.run(FederateConfig(exp=exp, strategy=("fedavg",), **RUN))
+    assert sorted(trained) == sorted((r, node) for r in (1, 2, 3) for node in participants(few, r))
+    comm = pd.read_csv(exp / "federate" / "fedavg" / "comm.csv")
+    assert comm.groupby("round").size().eq(4).all()  # every node joins the all-reduce, a left-out one with weight 0
 
 
 def test_an_anonymised_peer_is_one_model_the_mean_of_the_peers(reference, few, tmp_path):
@@ -133,8 +166,8 @@ def test_an_anonymised_peer_is_one_model_the_mean_of_the_peers(reference, few, t
     relayed = comm[comm.kind == "peer-model"]
     others = choices[choices["rank"] > 1]
     assert len(relayed) == len(others)
-    checked = comm[comm.kind == "peer-check"]  # the validation policy: every other node's model to the holder
-    assert set(checked.receiver) == {"node1"} and len(checked) == 3 * 2
+    checked = comm[comm.kind == "peer-check"]  # the validation policy: every other trained node's model to the holder
+    assert set(checked.receiver) == {"node1"} and checked.groupby("round").size().le(3).all()
     # with one peer, the anonymised model is that peer's model: the same numbers as without anonymisation
     runs = {}
     for anonymize in (False, True):
@@ -186,6 +219,7 @@ def test_a_peer_learning_run_resumes_to_the_same_numbers(reference, few, tmp_pat
 
 @pytest.mark.parametrize("args, says", [
     (["--policy", "gated-validation"], "needs --policy-threshold"),
+    (["--participation", "0.5", "--strategy", "scaffold"], "which scaffold has no rule for"),
     (["--policy", "static", "--policy-threshold", "0.9"], "applies to the gated policies"),
 ])
 def test_policy_mistakes_are_refused_in_one_line(few, cli, args, says):

@@ -5,8 +5,8 @@ validation part, and a labelled set held apart for a global model.
   sees the visible labels only, which is the lower bound.
 - `unlabeled`: the rest of the node's training images, in a keyed random order, their records with
   `label: null`. Their true labels are not in the manifest (nor its hash, nor any node's manifest): partition
-  writes them to `partition/hidden_labels.json`, which no stage reads: it is kept for the upper bounds' oracle
-  (all labels visible), which is not built yet.
+  writes them to `partition/hidden_labels.json`, which no stage reads but the upper bounds' oracle
+  (`federate --labels all`, `read_hidden_labels`).
   (A file path can still name a class, as the `folders` source's `site/CLASS/file` does: such a source hides
   the label from fedcli, not from someone who reads the paths.)
 - `validation`: per class present with three or more images, round(V n_c) of a node's training images with
@@ -25,9 +25,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
+from fedcli.artifacts import read_json
 from fedcli.data.shared_set import balanced_draw
 from fedcli.errors import UserError
+from fedcli.layout import HIDDEN_LABELS, partition_dir
 from fedcli.rng import numpy_stream
 
 LABELED, UNLABELED, VALIDATION, HELD_APART = "train", "unlabeled", "validation", "held_apart"
@@ -107,6 +110,24 @@ def oracle_file(manifest) -> dict:
     """`partition/hidden_labels.json`: each node's hidden labels in its `unlabeled` order, tied to the partition
     by its content hash."""
     return {"schema": "fedcli.hidden-labels/1", "partition": manifest.content_hash, "labels": manifest.hidden}
+
+
+def read_hidden_labels(exp: Path, manifest) -> dict[str, list[int]]:
+    """The oracle's labels (`federate --labels all`): each node's hidden labels in its `unlabeled` order, checked
+    against the partition they were hidden from."""
+    path = partition_dir(exp) / HIDDEN_LABELS
+    fix = "re-run fedcli partition --overwrite"
+    data = read_json(path, "the hidden labels (partition/hidden_labels.json)", fix)
+    if not isinstance(data, dict) or data.get("partition") != manifest.content_hash:
+        raise UserError(f"{path} was not written with this partition (its content hash differs); {fix}")
+    labels = data.get("labels")
+    for node in manifest.node_names:
+        held = labels.get(node, []) if isinstance(labels, dict) else None
+        expected = len(manifest.node(node).get(UNLABELED, []))
+        if not isinstance(held, list) or len(held) != expected or not all(
+                isinstance(y, int) and not isinstance(y, bool) and 0 <= y < manifest.num_classes for y in held):
+            raise UserError(f"{path} does not hold {expected} class indices for node {node}'s unlabelled images; {fix}")
+    return {node: labels.get(node, []) for node in manifest.node_names}
 
 
 def check_labeled_nodes(given: list[str], names: list[str]) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from fedcli.data.label_parts import read_hidden_labels
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.buffer_exchange import BufferExchange
@@ -26,6 +27,7 @@ from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.fl.fixmatch import FixMatchSettings
 from fedcli.fl.trainer import Budget, LocalTrainer, Semi
 from fedcli.fl.transport import EVERYONE, InProcessTransport, Transfer, Transport
+from fedcli.rng import numpy_stream
 
 
 @dataclasses.dataclass
@@ -40,6 +42,7 @@ class Federation:
     transport: Transport
     local_nodes: list[str]
     weighting: str = "samples"
+    participation: float = 1.0
 
     def __post_init__(self) -> None:
         self._train_sizes: dict[str, int] | None = None
@@ -64,6 +67,15 @@ class Federation:
         """Each node's weight in an average: its train-set size (`samples`) or 1 (`equal`)."""
         return self.train_sizes() if self.weighting == "samples" else dict.fromkeys(self.nodes, 1)
 
+    def participants(self, round_: int) -> list[str]:
+        """The nodes that train in round `round_` (--participation): every node in round 0, then round(share x
+        nodes) of them, at least one, drawn from the stream of (seed, round), in the partition's order."""
+        if round_ == 0 or self.participation >= 1:
+            return list(self.nodes)
+        count = max(1, round(self.participation * len(self.nodes)))
+        drawn = numpy_stream(self.seed, "participation", round_).choice(len(self.nodes), count, replace=False)
+        return [self.nodes[i] for i in sorted(drawn)]
+
 
 def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, name: str | None = None, device: str = "cpu",
           fold: int | None = None, buffers: dict[str, TensorSource] | None = None, images: NodeImages | None = None,
@@ -73,7 +85,8 @@ def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, name: str | Non
     parts: `transport`, `local_nodes` (default: every node, in process) and `cross_eval`."""
     buffers = buffers or {}
     data = NodeData(manifest, lambda node: buffers[node], fold, images,
-                    lambda node: load_codec(cfg.exp, manifest, node, ", ".join(cfg.strategy)))
+                    lambda node: load_codec(cfg.exp, manifest, node, ", ".join(cfg.strategy)),
+                    read_hidden_labels(cfg.exp, manifest) if cfg.labels == "all" else None)
     budget = Budget(epochs=cfg.epochs, init_epochs=cfg.init_epochs_resolved, rounds=cfg.rounds, lr=cfg.lr,
                     batch=cfg.batch, node_batch=cfg.batch_sizes(), lr_schedule=cfg.lr_schedule,
                     lr_step_epochs=cfg.lr_step_epochs, lr_step_factor=cfg.lr_step_factor, optimizer=cfg.optimizer,
@@ -84,7 +97,7 @@ def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, name: str | Non
     local_nodes = list(data.nodes if local_nodes is None else local_nodes)
     evaluator = Evaluator(data, trainer, transport, local_nodes, cfg.bootstrap, cross_eval)
     return Federation(data, trainer, evaluator, BufferExchange(data, transport), transport, local_nodes,
-                      cfg.weighting)
+                      cfg.weighting, cfg.participation)
 
 
 def row_order(nodes: list[str]) -> Callable[[dict], tuple]:

@@ -1,19 +1,26 @@
 """Evaluation of classifiers on test sets, with bootstrap 95% confidence intervals.
 
-Metrics: accuracy, balanced accuracy, macro F1, AUROC (binary; macro one-vs-rest for several
-classes, over the classes present), sensitivity and specificity (binary: of the positive class the
-partition names; several classes: each class one-vs-rest, `sensitivity:<class>`, and their macro
-mean), and the expected calibration error (ECE: top-label confidence in 15 equal-width bins,
-(k/15, (k+1)/15], the first one closed at 0, as Guo et al. 2017; the sum over bins of the share of
-images times |accuracy - mean confidence|). The predicted class is the first of the largest
-probabilities (numpy's argmax), so tied probabilities go to the lower class index.
+Metrics: accuracy, balanced accuracy, precision, recall and F1 (macro: the mean over the classes present
+or predicted, an undefined value counting 0, as scikit-learn's; weighted: by each class's test images, FedPerl's
+reading), AUROC and AUPRC (binary: of class 1; several classes: the macro mean one-vs-rest over the classes
+present; AUPRC is scikit-learn's average precision, the sum over thresholds of precision times the recall it
+adds), sensitivity and specificity (binary: of the positive class the partition names; several classes: each
+class one-vs-rest, `sensitivity:<class>`, and their macro mean; per class also `precision:<class>` and
+`f1:<class>`), the expected calibration error (ECE: top-label confidence in 15 equal-width bins, (k/15,
+(k+1)/15], the first one closed at 0, as Guo et al. 2017; the sum over bins of the share of images times
+|accuracy - mean confidence|), and the adaptive ECE and MCE (Ding et al. 2020, FedPerl's calibration: 15
+equal-mass bins, the test set's images in order of confidence split into 15 runs of sizes differing by at most
+one; ECE as above, MCE the largest gap of a bin). The predicted class is the first of the largest probabilities
+(numpy's argmax), so tied probabilities go to the lower class index.
 
 The bootstrap resamples the test set B times from a stream keyed by (seed, test node) only, so every
 strategy, model and round is scored on the same resamples of one test set: two strategies'
 differences are paired resample by resample (report/paired.py). All B resamples are computed at
 once from resample counts (confusion matrices by bincount; AUROC as a weighted Mann-Whitney
-statistic; ECE from weighted bin sums). A per-class value a resample leaves undefined (its class, or
-every other class, absent) is left out of that resample's macro mean and of the percentiles.
+statistic; ECE from weighted bin sums; AUPRC from weighted cumulative sums in order of score). The adaptive
+bins are the test set's, kept for its resamples (a resample's empty bin is left out of its MCE). A per-class
+value a resample leaves undefined (its class, or every other class, absent) is left out of that resample's macro
+mean and of the percentiles.
 """
 
 from __future__ import annotations
@@ -25,8 +32,11 @@ from torch import nn
 from fedcli.data.dataset import to_float
 from fedcli.rng import numpy_stream
 
-METRICS = ("accuracy", "balanced_accuracy", "f1_macro", "auroc", "sensitivity", "specificity", "ece")
+METRICS = ("accuracy", "balanced_accuracy", "f1_macro", "f1_weighted", "precision_macro", "precision_weighted",
+           "recall_macro", "recall_weighted", "auroc", "auprc", "sensitivity", "specificity", "ece", "adaptive_ece",
+           "adaptive_mce")
 ECE_BINS = 15
+ADAPTIVE_BINS = 15  # equal-mass bins of the adaptive ECE and MCE
 
 
 @torch.no_grad()
@@ -60,12 +70,20 @@ def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, positiv
     negatives = weights.sum(axis=1, keepdims=True) - true_per_class
     with np.errstate(invalid="ignore", divide="ignore"):
         specificity = np.where(negatives > 0, (negatives - (pred_per_class - hits)) / negatives, np.nan)
+    share = true_per_class / weights.sum(axis=1, keepdims=True)  # the weighted averages' class weights
     out = {
         "accuracy": hits.sum(axis=1) / weights.sum(axis=1),
         "balanced_accuracy": mean_of_defined(recall, axis=1),
         "f1_macro": mean_of_defined(f1, axis=1),
+        "f1_weighted": (share * np.nan_to_num(f1)).sum(axis=1),
+        "precision_macro": mean_of_defined(np.where(seen, precision, np.nan), axis=1),
+        "precision_weighted": (share * precision).sum(axis=1),
+        "recall_macro": mean_of_defined(np.where(seen, np.nan_to_num(recall), np.nan), axis=1),
+        "recall_weighted": (share * np.nan_to_num(recall)).sum(axis=1),  # = accuracy
         "auroc": auroc(y, probs, weights),
+        "auprc": average_precision(y, probs, weights),
         "ece": calibration_error(y, probs, weights),
+        **adaptive_calibration(y, probs, weights),
     }
     if n_classes == 2:
         out["sensitivity"], out["specificity"] = recall[:, positive], specificity[:, positive]
@@ -74,6 +92,8 @@ def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, positiv
     names = class_names or [str(c) for c in range(n_classes)]
     for c, name in enumerate(names):
         out[f"sensitivity:{name}"], out[f"specificity:{name}"] = recall[:, c], specificity[:, c]
+        out[f"precision:{name}"] = np.where(pred_per_class[:, c] > 0, precision[:, c], np.nan)
+        out[f"f1:{name}"] = f1[:, c]
     return out
 
 
@@ -86,6 +106,50 @@ def calibration_error(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> 
     onehot[np.arange(len(y)), bins] = 1.0
     gap = weights @ (onehot * correct[:, None]) - weights @ (onehot * confidence[:, None])  # (B, bins)
     return np.abs(gap).sum(axis=1) / weights.sum(axis=1)
+
+
+def adaptive_calibration(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Adaptive ECE and MCE per resample: ADAPTIVE_BINS equal-mass bins of the test set's top-label confidences."""
+    confidence = probs.max(axis=1)
+    correct = (probs.argmax(axis=1) == y).astype(float)
+    order = np.argsort(confidence, kind="stable")
+    bins = np.empty(len(y), dtype=int)
+    for b, members in enumerate(np.array_split(order, min(ADAPTIVE_BINS, len(y)))):
+        bins[members] = b
+    onehot = np.zeros((len(y), bins.max() + 1))
+    onehot[np.arange(len(y)), bins] = 1.0
+    mass = weights @ onehot  # (B, bins)
+    gap = np.abs(weights @ (onehot * correct[:, None]) - weights @ (onehot * confidence[:, None]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_bin = np.where(mass > 0, gap / mass, np.nan)
+    return {"adaptive_ece": gap.sum(axis=1) / weights.sum(axis=1),
+            "adaptive_mce": np.where(mass > 0, per_bin, -np.inf).max(axis=1)}
+
+
+def average_precision(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Macro one-vs-rest average precision (binary: of class 1) per resample, over classes present: scikit-learn's
+    sum over distinct thresholds of (recall step) x precision, with resample counts as sample weights."""
+    classes = [1] if probs.shape[1] == 2 else range(probs.shape[1])
+    per_class = []
+    for c in classes:
+        positive = (y == c).astype(float)
+        if not positive.any():
+            continue
+        order = np.argsort(-probs[:, c], kind="stable")
+        scores = probs[order, c]
+        last = np.r_[scores[1:] != scores[:-1], True]  # the last image of each distinct score: a threshold
+        w = weights[:, order]
+        true_positives = np.cumsum(w * positive[order], axis=1)[:, last]
+        predicted = np.cumsum(w, axis=1)[:, last]
+        total = true_positives[:, -1:]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            precision = np.where(predicted > 0, true_positives / predicted, 0.0)
+            recall = true_positives / total
+        steps = np.diff(np.concatenate([np.zeros((len(w), 1)), recall], axis=1), axis=1)
+        per_class.append(np.where(total[:, 0] > 0, (steps * precision).sum(axis=1), np.nan))
+    if not per_class:
+        return np.full(weights.shape[0], np.nan)
+    return mean_of_defined(np.stack(per_class), axis=0)
 
 
 def auroc(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:

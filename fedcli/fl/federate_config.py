@@ -22,6 +22,7 @@ LrSchedule = Literal["constant", "cosine", "step"]  # over init-epochs + R x E e
 Optimizer = Literal["adam", "sgd"]
 Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
 Ssl = Literal["none", "fixmatch"]  # --ssl: the local objective on a few-labels partition (fl/fixmatch.py)
+Labels = Literal["visible", "all"]  # --labels all: the oracle of the upper bounds (partition/hidden_labels.json)
 FIXMATCH_OPTIONS = ("confidence", "lambda_u", "unlabeled_ratio")
 ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
 SHARED_SELECT_KEYS = ("rounds", "epochs", "lr")  # what a [select] grid may vary for every strategy
@@ -48,10 +49,12 @@ class SharedOptions:
     node_batch: tuple[str, ...] = ()  # NODE=B overrides, e.g. montgomery=8 (the study's per-node sizes)
     weighting: Weighting = "samples"
     ssl: Ssl = "none"
+    labels: Labels = "visible"
     confidence: float = ranged(0.95, 0, 1, low_open=True)  # FixMatch's tau
     lambda_u: float = ranged(1.0, 0, 100)
     unlabeled_ratio: int = ranged(7, 1, 64)  # FixMatch's mu: unlabelled images per labelled one in a batch
     steps_per_round: int | None = ranged(None, 1, MAX_COUNT)  # each local epoch this many batches (FedVC)
+    participation: float = ranged(1.0, 0, 1, low_open=True)  # share of the nodes that train each round (keyed)
     model: tuple[str, ...] | str = ("cnn",)  # ARCH for every model, and NODE=ARCH: a node's own architecture
     pretrained: bool = False
     model_weights: Path | None = None
@@ -106,6 +109,14 @@ class SharedOptions:
                 takes = ", ".join(d.name for d in REGISTRY if d.semi_supervised)
                 raise UserError(f"--ssl {self.ssl} trains each node on its own unlabelled images, which {plain[0]} "
                                 f"does not train on; strategies that take it: {takes}")
+        if self.labels == "all" and self.ssl != "none":
+            raise UserError("--labels all labels every training image, which leaves none for --ssl; drop one of them")
+        if self.participation < 1:
+            whole = [d.name for d in declared if not d.partial]
+            if whole:
+                takes = ", ".join(d.name for d in REGISTRY if d.partial)
+                raise UserError(f"--participation {self.participation:g} leaves nodes out of a round, which {whole[0]} "
+                                f"has no rule for; strategies that take it: {takes}")
         pooled = [d.name for d in declared if not d.distributed]
         if self.engine == "distributed" and pooled:
             raise UserError(f"{pooled[0]} pools every node's data in one place, so it has no distributed form; run it "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from fedcli.data.dataset import NodeDataset
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
@@ -41,22 +43,26 @@ class NodeImages:
 
 class NodeData:
     """The sources of one run: with `fold` k, training uses the other train folds and testing fold k
-    (model selection); otherwise the train and test splits."""
+    (model selection); otherwise the train and test splits. `oracle` (federate --labels all, the upper bounds):
+    each node's hidden labels, which join its unlabelled images to its labelled ones, leaving none unlabelled."""
 
     def __init__(self, manifest: Manifest, buffers: Callable[[str], TensorSource], fold: int | None = None,
-                 images: NodeImages | None = None, codecs: Callable[[str], object] | None = None):
+                 images: NodeImages | None = None, codecs: Callable[[str], object] | None = None,
+                 oracle: dict[str, list[int]] | None = None):
         self.manifest, self.nodes = manifest, manifest.node_names
         self.num_classes = manifest.num_classes
         self.image_shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])
         self.augment = tuple(manifest.data.get("augment", ()))
         train_folds = None if fold is None else [f for f in range(manifest["folds"]) if f != fold]
         self.images = images or NodeImages(manifest)
-        self.train = LazySources(lambda node: self.images.get(node, "train", train_folds))
+        self.train = LazySources(lambda node: self.images.get(node, "train", train_folds) if oracle is None
+                                 else with_hidden_labels(self.images, node, oracle[node]))
         self.test = LazySources(lambda node: self.images.get(node, "train", [fold]) if fold is not None
                                 else self.images.get(node, "test", None))
         self.buffers = LazySources(buffers)
         self.shared = LazySources(lambda node: self.images.get(node, "shared", None))  # its part of the shared set
-        self.unlabeled = LazySources(lambda node: self.images.get(node, "unlabeled", None))  # labels: UNSEEN
+        self.unlabeled = LazySources(lambda node: self.images.get(node, "unlabeled", None) if oracle is None
+                                     else empty(self.images.get(node, "unlabeled", None)))  # labels: UNSEEN
         self.codecs = LazySources(codecs or (lambda node: None))  # a node's VQ-VAE-2 and codes (fedcli/vqvae/codec.py)
         held_apart = (manifest.data.get("labels") or {}).get("held_apart")
         self.held_apart_holder: str | None = held_apart["holder"] if held_apart else None
@@ -64,3 +70,13 @@ class NodeData:
     def held_apart(self) -> TensorSource:
         """The labelled set held apart (partition --held-apart-fraction), as its holder reads it."""
         return self.images.get(self.held_apart_holder, "held_apart", None)
+
+
+def with_hidden_labels(images: NodeImages, node: str, hidden: list[int]) -> TensorSource:
+    labelled, unlabelled = images.get(node, "train", None), images.get(node, "unlabeled", None)
+    return TensorSource(torch.cat([labelled.images, unlabelled.images]),
+                        torch.cat([labelled.labels, torch.tensor(hidden, dtype=labelled.labels.dtype)]))
+
+
+def empty(source: TensorSource) -> TensorSource:
+    return TensorSource(source.images[:0], source.labels[:0])

@@ -95,6 +95,9 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
     if cfg.ssl != "none" and not (labels and labels["fraction"] < 1):
         raise UserError(f"--ssl {cfg.ssl} learns from unlabelled images, and this partition labels every training "
                         "image; re-run fedcli partition --overwrite with --labeled-fraction F")
+    if cfg.labels == "all" and not (labels and labels["fraction"] < 1):
+        raise UserError("--labels all gives the unlabelled images their hidden labels, and this partition hides none; "
+                        "drop --labels all (every label is already visible)")
     if labels and (cfg.cv or cfg.fold is not None):
         raise UserError("--fold/--cv select by folds drawn before the labels were hidden, so a fold of a node's few "
                         "labelled images can miss a class; select without folds on a few-labels partition")

@@ -63,7 +63,7 @@ class AdaptiveAveraging(ServerAveraging):
 
 DECLARED = tuple(
     Declaration(name, order, summary, lambda o, name=name: AdaptiveAveraging(name, o), options=options,
-                model_key="global", transfers=("all-reduce",), families=("federated",), semi_supervised=True)
+                model_key="global", transfers=("all-reduce",), families=("federated",), semi_supervised=True, partial=True)
     for name, order, options, summary in (
         ("fedadam", 40, AdamOptions, "FedAdam: Adam on the server, the average as its pseudo-gradient"),
         ("fedyogi", 41, YogiOptions, "FedYogi: Yogi on the server, the average as its pseudo-gradient"),

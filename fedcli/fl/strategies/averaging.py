@@ -63,11 +63,17 @@ class ServerAveraging(Strategy):
         self.train_and_average(fed, round_, fed.trainer.epochs)
 
     def train_and_average(self, fed: "Federation", round_: int, epochs: int) -> None:
-        """Each node trains from the global model; the transport averages what they share."""
+        """Each participating node trains from the global model; the transport averages what they share. A node
+        left out of the round (--participation) trains nothing and joins the all-reduce with weight 0, which is
+        how it receives the new global model without a server."""
         global_shared = self.shared(self.global_model.state_dict())
         anchor = {k: v.detach().clone() for k, v in self.global_model.named_parameters()}
+        participants = fed.participants(round_)
         states = {}
         for node in fed.local_nodes:
+            if node not in participants:
+                states[node] = global_shared
+                continue
             model = self.node_model(fed, node, global_shared)
             self.train_node(fed, node, round_, model, epochs, anchor)
             state = model.state_dict()
@@ -76,7 +82,8 @@ class ServerAveraging(Strategy):
             states[node] = self.shared(state)
             if node == fed.nodes[0]:
                 self.keep_update(round_, states[node], global_shared)
-        averaged = fed.transport.average(round_, states, fed.averaging_weights())
+        weights = {node: weight if node in participants else 0 for node, weight in fed.averaging_weights().items()}
+        averaged = fed.transport.average(round_, states, weights)
         self.global_model.load_state_dict({**self.global_model.state_dict(), **self.merge(fed, round_, averaged)})
 
     def keep_update(self, round_: int, trained: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> None:
@@ -140,9 +147,9 @@ def flat_updates(updates: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch
 DECLARED = (
     Declaration("fedavg", 30, "FedAvg: the nodes' models averaged every round", lambda o: ServerAveraging("fedavg", o),
                 model_key="global", transfers=("all-reduce",), families=("federated",), bn_averaged=SHARED_STATISTICS,
-                semi_supervised=True),
+                semi_supervised=True, partial=True),
     Declaration("fedbn", 32, "FedBN: FedAvg with BatchNorm layers kept local",
                 lambda o: ServerAveraging("fedbn", o, local_bn=True), transfers=("all-reduce",),
-                families=("federated",), semi_supervised=True,
+                families=("federated",), semi_supervised=True, partial=True,
                 bn_averaged="the average: local statistics estimated under weights the last average moved"),
 )

@@ -68,6 +68,7 @@ class Declaration:
     needs_shared_set: bool = False  # reads the partition's globally shared set (partition --shared-fraction)
     published: bool = False  # one node holds the shared model after a round; it is broadcast to be tested everywhere
     semi_supervised: bool = False  # its nodes train through LocalTrainer.train on their own images: --ssl applies
+    partial: bool = False  # --participation applies: a round may leave nodes out of training and the average
     fixmatch: bool = False  # always trains with FixMatch (--ssl fixmatch implied): its peers label unlabelled images
 
     @property

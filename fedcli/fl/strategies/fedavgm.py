@@ -57,5 +57,5 @@ DECLARED = (
     Declaration("fedavgm", 35, "FedAvgM: FedAvg with server momentum on the averaged update",
                 lambda o: FedAvgM("fedavgm", o), options=MomentumOptions, model_key="global",
                 transfers=("all-reduce",), families=("federated",), bn_averaged=SHARED_STATISTICS,
-                semi_supervised=True),
+                semi_supervised=True, partial=True),
 )

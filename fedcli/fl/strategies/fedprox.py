@@ -45,5 +45,5 @@ class FedProx(ServerAveraging):
 DECLARED = (
     Declaration("fedprox", 31, "FedProx: FedAvg with a proximal term towards the global model",
                 lambda o: FedProx("fedprox", o), options=ProxOptions, model_key="global", transfers=("all-reduce",),
-                families=("federated",), bn_averaged=SHARED_STATISTICS, semi_supervised=True),
+                families=("federated",), bn_averaged=SHARED_STATISTICS, semi_supervised=True, partial=True),
 )

@@ -17,7 +17,8 @@ Each round after the warm-up, once the nodes have trained local models (their mo
    collecting peer sees the others' models, as FedPerl's server does.
 4. **Learn.** The node trains from the global model with FixMatch whose pseudo labels its peers help form, plus
    a consistency term (fl/peer_teaching.py); the models are then averaged as FedAvg's.
-With T = 0, or before the first peers, a round is SSFL's exactly. Every node's choice of peers is recorded
+With --participation, only the round's participants choose peers and train; a peer is any node with a local model
+(its latest), and a participant without one yet learns without peers that round. With T = 0, or before the first peers, a round is SSFL's exactly. Every node's choice of peers is recorded
 (`peers.csv`: round, node, peer, rank, similarity), the community matrix's counts.
 
 Where the public code (tbdair/FedPerlV1.0) differs and fedcli follows the paper: its features add every
@@ -53,7 +54,7 @@ Policy = Literal["static", "validation", "gated-validation", "gated-similarity"]
 VALIDATED = ("validation", "gated-validation")  # the policies that read the held-apart set
 GATED = ("gated-validation", "gated-similarity")  # the policies with a threshold
 PEER_MODEL, ANONYMISED, PEER_CHECK = "peer-model", "anonymised-peer", "peer-check"
-CHOICES = "peers"
+CHOICES, TRAINED = "peers", "peer-trained"
 WEIGHTS, OUTPUTS = "weights", "outputs"  # how a model is described: FedPerl's, FedMatch's
 
 
@@ -91,14 +92,18 @@ class PeerLearning(ServerAveraging):
     def init_server(self, fed: "Federation") -> None:
         self.fixmatch, self.nodes = fed.trainer.semi.fixmatch, fed.nodes
         self.own_models: dict[str, nn.Module] = {}  # each local node's model after its last local training
+        self.trained: list[str] = []  # the nodes that have a local model, in order (every process knows them)
         self.teachers: dict[str, list[nn.Module]] = {}  # this round's peers of each local node
         self.choices: list[dict] = []  # every node's peers, every round (every node holds them all)
 
     def train_and_average(self, fed: "Federation", round_: int, epochs: int) -> None:
         warmed = round_ > getattr(self.options, "warmup_rounds", 0)
-        self.teachers = self.exchange(fed, round_) if self.options.peers and warmed and self.own_models else {}
+        participants = fed.participants(round_)
+        self.teachers = self.exchange(fed, round_, participants) if self.options.peers and warmed and self.trained \
+            else {}
         super().train_and_average(fed, round_, epochs)
         self.teachers = {}
+        self.trained = [node for node in fed.nodes if node in self.trained or node in participants]
 
     def objective(self, node: str, anchor: dict[str, torch.Tensor]) -> Objective:
         return PeerFixMatch(self.fixmatch, self.teachers.get(node, []), self.labelling, self.consistency,
@@ -110,22 +115,25 @@ class PeerLearning(ServerAveraging):
         self.own_models[node] = model  # a fresh model each round: the average does not touch it
         return steps
 
-    def exchange(self, fed: "Federation", round_: int) -> dict[str, list[nn.Module]]:
-        """Every node's peers this round, chosen alike at every node, and their models as this process's nodes
-        receive them."""
-        described = {node: self.description(fed, node) for node in fed.local_nodes}
+    def exchange(self, fed: "Federation", round_: int, participants: list[str]) -> dict[str, list[nn.Module]]:
+        """The peers of each node training this round, among the nodes with a local model, chosen alike at every
+        node, and their models as this process's nodes receive them."""
+        known = self.trained
+        described = {node: self.description(fed, node) for node in fed.local_nodes if node in known}
         gathered = {k: v for part in fed.transport.gather(described, "describing the models to choose peers")
                     for k, v in part.items()}
-        matrix = torch.tensor([gathered[node] for node in fed.nodes], dtype=torch.float64)
+        matrix = torch.tensor([gathered[node] for node in known], dtype=torch.float64)
         sim = peers.similarity(matrix) if self.describe == WEIGHTS else -torch.cdist(matrix, matrix)
         policy = getattr(self.options, "policy", "static")
         accuracy = self.held_apart_accuracy(fed, round_) if policy in VALIDATED else None
-        chosen = {}
-        for i, node in enumerate(fed.nodes):
+        chosen = {node: [] for node in fed.nodes}
+        for i, node in enumerate(known):
+            if node not in participants:
+                continue
             allowed = peers.allowed(i, policy, sim, accuracy, getattr(self.options, "policy_threshold", None))
             ranked = peers.top_peers(i, sim, self.options.peers, allowed)
-            chosen[node] = [fed.nodes[j] for j in ranked]
-            self.choices += [{"round": round_, "node": node, "peer": fed.nodes[j], "rank": rank + 1,
+            chosen[node] = [known[j] for j in ranked]
+            self.choices += [{"round": round_, "node": node, "peer": known[j], "rank": rank + 1,
                               "similarity": float(sim[i, j])} for rank, j in enumerate(ranked)]
         return {node: [fed.trainer.rebuild(node, state) for state in states]
                 for node, states in self.send_peers(fed, round_, chosen).items()}
@@ -141,22 +149,23 @@ class PeerLearning(ServerAveraging):
             return model(probe.to(fed.trainer.device)).double().reshape(-1).tolist()
 
     def held_apart_accuracy(self, fed: "Federation", round_: int) -> list[float]:
-        """Every node's local model's accuracy on the held-apart set, which its holder scores."""
+        """The accuracy on the held-apart set of every node's local model (of the nodes with one), which the set's
+        holder scores."""
         holder, template = fed.data.held_apart_holder, self.global_model.state_dict()
         for node in fed.local_nodes:
-            if node != holder:
+            if node != holder and node in self.trained:
                 fed.transport.send(round_, node, holder, PEER_CHECK, encode_model(self.own_models[node].state_dict()))
         scores = {}
         if holder in fed.local_nodes:
             held = fed.data.held_apart()
-            for node in fed.nodes:
+            for node in self.trained:
                 model = self.own_models[node] if node == holder else fed.trainer.rebuild(
                     node, decode_model(fed.transport.receive(round_, node, holder, PEER_CHECK), template))
                 predicted = predict(model, held.images, fed.trainer.device).argmax(axis=1)
                 scores[node] = float(np.mean(predicted == held.labels.numpy()))
         fed.transport.flush()
         gathered = {k: v for part in fed.transport.gather(scores, "the held-apart accuracies") for k, v in part.items()}
-        return [gathered[node] for node in fed.nodes]
+        return [gathered[node] for node in self.trained]
 
     def send_peers(self, fed: "Federation", round_: int, chosen: dict[str, list[str]]
                    ) -> dict[str, list[dict[str, torch.Tensor]]]:
@@ -189,6 +198,7 @@ class PeerLearning(ServerAveraging):
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         states = super().state() | {f"peer-local:{node}": model.state_dict() for node, model in self.own_models.items()}
+        states[TRAINED] = {"nodes": torch.tensor([self.nodes.index(node) for node in self.trained], dtype=torch.long)}
         if self.choices:
             states[CHOICES] = choice_columns(self.choices, self.nodes)
         return states
@@ -198,6 +208,7 @@ class PeerLearning(ServerAveraging):
         self.own_models = {node: fed.trainer.rebuild(node, states[f"peer-local:{node}"]) for node in fed.local_nodes
                            if f"peer-local:{node}" in states}
         self.choices = choice_rows(states[CHOICES], fed.nodes) if CHOICES in states else []
+        self.trained = [fed.nodes[i] for i in states[TRAINED]["nodes"].tolist()]
 
 
 def choice_columns(rows: list[dict], nodes: list[str]) -> dict[str, torch.Tensor]:
@@ -221,7 +232,7 @@ def fedperl(options: PerlOptions) -> PeerLearning:
 
 
 PEER_FACTS = dict(model_key="global", families=("federated",), bn_averaged=SHARED_STATISTICS, semi_supervised=True,
-                  fixmatch=True)
+                  fixmatch=True, partial=True)
 DECLARED = (
     Declaration("fedmatch", 40, "FedMatch: SSFL whose nodes also learn from helpers chosen by their outputs on one "
                 "random image (labels by agreement, KL consistency; no weight decomposition)", fedmatch,
