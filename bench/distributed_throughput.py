@@ -30,6 +30,7 @@ from fedcli.config import GanConfig, PartitionConfig
 from fedcli.data import partition
 from fedcli.fl import stage
 from fedcli.fl.federate_config import FederateConfig
+from fedcli.fl.strategies import REGISTRY
 from fedcli.gan import stage as gan_stage
 
 ROUNDS, STRATEGIES = 10, ("feder", "feder-a", "fedavg")
@@ -61,7 +62,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     with tempfile.TemporaryDirectory() as tmp:
         exp = Path(tmp) / "exp"
-        partition.run(PartitionConfig(exp=exp, nodes=3))
+        partition.run(PartitionConfig(exp=exp, nodes=3), REGISTRY.reserved_names())
         gan_stage.run(GanConfig(exp=exp, iterations=5, pp_iterations=2, fid_every=5, fid_images=16, batch=8,
                                 channel_base=64, channel_max=8, buffer_size=512, device="cpu"))
         threads = max(1, (os.cpu_count() or 1) // 3)

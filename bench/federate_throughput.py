@@ -34,6 +34,7 @@ from fedcli.fl import engine, stage
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.payloads import encode_buffer, encode_model
 from fedcli.fl.runs import load_buffer
+from fedcli.fl.strategies import REGISTRY
 from fedcli.gan import stage as gan_stage
 from fedcli.models.classifier import build_classifier
 
@@ -83,7 +84,7 @@ def bare_feder(fed_inputs, rounds: int, epochs: int, batch: int, lr: float,
 def bench_engine(rounds: int = 10, epochs: int = 1) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         exp = Path(tmp) / "exp"
-        manifest = partition.run(PartitionConfig(exp=exp, nodes=3))
+        manifest = partition.run(PartitionConfig(exp=exp, nodes=3), REGISTRY.reserved_names())
         gan_stage.run(GanConfig(exp=exp, iterations=5, pp_iterations=2, fid_every=5, fid_images=16, batch=8,
                                 channel_base=64, channel_max=8, buffer_size=512, device="cpu"))
         cfg = FederateConfig(exp=exp, strategy=("feder",), rounds=rounds, epochs=epochs, eval_every=rounds,

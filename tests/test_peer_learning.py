@@ -4,6 +4,7 @@ choices follow the policy, and one launch gives the in-process numbers on the di
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -18,6 +19,9 @@ from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.fixmatch import FixMatchSettings, SemiBatch
 from fedcli.fl.peer_teaching import PeerFixMatch, pseudo_labels
 from fedcli.fl.trainer import LocalTrainer
+from fedcli.report.collect import Run, SubExperiment
+from fedcli.report.few_labels import few_labels_table
+from fedcli.report.study import Missing
 
 # three of the four nodes train each round (--participation), so the engines and the resume are compared with it
 RUN = dict(rounds=3, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2,
@@ -243,3 +247,44 @@ def test_fixmatch_weighs_the_unlabelled_term_as_before():
     got = PeerFixMatch(FixMatchSettings(confidence=0.9, lambda_u=2.0), [], "mean", "mse", 1.0).unlabelled(
         logits, strong, batch)
     assert torch.allclose(got, 2.0 * F.cross_entropy(strong[:1], torch.tensor([0])) / 2)
+
+
+def fake_run(strategy: str, scores: list[float], sent: int, tmp_path, **config) -> Run:
+    metrics = pd.DataFrame({"round": 3, "model_node": "global", "test_node": [f"node{i}" for i in range(len(scores))],
+                            "f1_weighted": scores, "adaptive_ece": 0.1, "adaptive_mce": 0.2})
+    comm = pd.DataFrame({"round": [1, 1], "sender": ["node0", "node0"], "receiver": ["all", "node1"],
+                         "kind": ["all-reduce", "eval"], "bytes": [sent, 999]})
+    folder = tmp_path / f"{strategy}-{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    return Run(strategy, None, {"ssl": "none", "labels": "visible", **config}, metrics, comm, folder)
+
+
+def test_the_few_labels_table_reads_every_variant_with_its_ri_and_ac(tmp_path):
+    manifest = {"nodes": [{"name": f"node{i}"} for i in range(3)],
+                "labels": {"fraction": 0.1, "held_apart": {"fraction": 0.1, "holder": "node1"}}}
+    lower = fake_run("fedavg", [0.5, 0.6, 0.7], 100, tmp_path)
+    ssfl = fake_run("fedavg", [0.6, 0.7, 0.8], 100, tmp_path, ssl="fixmatch")
+    perl = fake_run("fedperl", [0.66, 0.7, 0.86], 150, tmp_path, peers=2, anonymize=True, policy="static")
+    upper = fake_run("fedavg", [0.8, 0.9, 1.0], 100, tmp_path, labels="all")
+    subs = [SubExperiment(tmp_path, {}, manifest, [run], [], [], []) for run in (lower, ssfl, perl, upper)]
+    table = few_labels_table(subs, "f1_weighted")
+    frame = table.frame
+    assert list(frame.index) == ["fedavg [labelled only]", "fedavg [FixMatch]", "fedperl (T=2, PA) [FixMatch]",
+                                 "fedavg [all labels]"]
+    perl_row = frame.loc["fedperl (T=2, PA) [FixMatch]"]
+    assert perl_row["f1_weighted: mean (median) ± std over clients"] == \
+        f"0.740 (0.700) ± {np.std([0.66, 0.7, 0.86]):.3f}"
+    assert perl_row["RI (%)"] == f"{100 * (0.74 - 0.6) / 0.6:+.1f}" and perl_row["AC (%)"] == "+50"
+    assert frame.loc["fedavg [FixMatch]", "AC (%)"] == "+0" and frame.loc["fedavg [labelled only]", "RI (%)"] == "+0.0"
+    assert "node1 held the held-apart set: real labelled images" in table.note
+    no_labels_hidden = [SubExperiment(tmp_path, {}, {"nodes": manifest["nodes"]}, [lower], [], [], [])]
+    assert isinstance(few_labels_table(no_labels_hidden, "f1_weighted"), Missing)
+
+
+def test_the_report_shows_the_few_labels_table_and_the_community_matrix(reference, cli):
+    cli.ok("report", reference, "--metric", "f1-weighted")
+    report = (reference / "report" / "report.md").read_text()
+    assert "Few labels (FedPerl's Table 2)" in report and "fedperl (T=2, PA, validation, 75% participation)" in report
+    matrix = pd.read_csv(next((reference / "report").glob("community__fedmatch*.csv")), index_col=0)
+    choices = pd.read_csv(reference / "federate" / "fedmatch" / "peers.csv")
+    assert int(matrix.to_numpy().sum()) == len(choices)

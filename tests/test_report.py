@@ -26,7 +26,8 @@ from fedcli.report.tables import gan_table
 NODES = ("n0", "n1")
 # Each metric is a fixed multiple of the accuracy given, so a table in another metric is predictable.
 SCALE = {"accuracy": 1.0, "balanced_accuracy": 0.5, "f1_macro": 0.25, "auroc": 0.1, "sensitivity": 0.9,
-         "specificity": 0.8, "ece": 0.05}
+         "specificity": 0.8, "ece": 0.05, "f1_weighted": 0.3, "precision_macro": 0.35, "precision_weighted": 0.4,
+         "auprc": 0.45, "adaptive_ece": 0.06, "adaptive_mce": 0.07}
 COLUMNS = ["round", "strategy", "model_node", "test_node", "n_test"] + [
     f"{m}{suffix}" for m in SCALE for suffix in ("", "_lo", "_hi")]
 # Rounds before the last get these values in turn, far from every final one: using them shows.

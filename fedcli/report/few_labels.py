@@ -1,0 +1,127 @@
+"""FedPerl's readings (Bdair et al.: its Table 2 and its community figure) from a few-labels experiment.
+
+Every run of the experiment's sub-experiments is one variant: its strategy, its peer settings, its participation
+and what it learnt from (the visible labels only, the lower bound; FixMatch on the unlabelled images; every label,
+the oracle's upper bound). A variant's cell pools its seeds: per seed, the mean, median and standard deviation
+over the clients of each client's own test set under the final model, then their means over the seeds.
+- RI: the relative improvement of the mean over FedAvg on the labelled images alone (the study's baseline).
+- AC: the training bytes a variant moved beyond SSFL's (FedAvg with FixMatch, same participation), relative to
+  them: FedPerl's additional communication, as measured on the transport (comm.csv).
+- Calibration: the adaptive ECE and MCE (fl/evaluate.py), means over clients and seeds.
+- The community matrix: how often each node chose each peer (peers.csv), over rounds and seeds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from fedcli.fl.strategies import REGISTRY
+from fedcli.report.collect import Run, SubExperiment, own_scores
+from fedcli.report.study import Built, Missing, ReportTable, nodes_of
+
+LOWER, SEMI, UPPER = "labelled only", "FixMatch", "all labels"
+BASELINE, SSFL = f"fedavg [{LOWER}]", f"fedavg [{SEMI}]"
+
+
+def learnt_from(run: Run) -> str:
+    if run.config.get("labels") == "all":
+        return UPPER
+    declared = REGISTRY.get(run.strategy)
+    return SEMI if run.config.get("ssl", "none") != "none" or (declared and declared.fixmatch) else LOWER
+
+
+def few_labels_runs(subs: list[SubExperiment]) -> list[Run]:
+    """The runs of sub-experiments whose partition hides labels."""
+    return [run for s in subs if s.manifest and (s.manifest.get("labels") or {}).get("fraction", 1) < 1
+            for run in s.runs if run.fold is None]
+
+
+def variant(run: Run) -> str:
+    """`fedperl (T=2, PA, gated-similarity 0.95) [FixMatch]`: what distinguishes a run in the table."""
+    config, details = run.config, []
+    if "peers" in config:
+        details.append(f"T={config['peers']}")
+        details += ["PA"] if config.get("anonymize") else []
+        if config.get("policy", "static") != "static":
+            threshold = config.get("policy_threshold")
+            details.append(config["policy"] + ("" if threshold is None else f" {threshold:g}"))
+    details += participating(config)
+    return labelled(run.strategy, details, learnt_from(run))
+
+
+def participating(config: dict) -> list[str]:
+    share = float(config.get("participation", 1.0))
+    return [f"{share:.0%} participation"] if share < 1 else []
+
+
+def labelled(strategy: str, details: list[str], learnt: str) -> str:
+    shown = f" ({', '.join(details)})" if details else ""
+    return f"{strategy}{shown} [{learnt}]"
+
+
+def client_mean(runs: list[Run], metric: str) -> float:
+    """The mean over runs of the mean over clients of `metric`."""
+    return float(np.mean([np.mean(list(own_scores(run.metrics, metric).values())) for run in runs]))
+
+
+def training_bytes(run: Run) -> float:
+    return float(run.comm[run.comm.kind != "eval"].bytes.sum()) if run.comm is not None else float("nan")
+
+
+def few_labels_table(subs: list[SubExperiment], metric: str) -> Built:
+    title = "Few labels (FedPerl's Table 2): every variant over the clients"
+    runs = few_labels_runs(subs)
+    if not runs:
+        return Missing(title, "federate runs on a few-labels partition (partition --labeled-fraction)")
+    by_variant: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_variant[variant(run)].append(run)
+    rows, means, sent, reference = {}, {}, {}, {}
+    for name, group in by_variant.items():
+        reference[name] = labelled("fedavg", participating(group[0].config), SEMI)  # SSFL at its participation
+        scores = [np.array(list(own_scores(run.metrics, metric).values())) for run in group]
+        means[name] = float(np.mean([s.mean() for s in scores]))
+        sent[name] = float(np.mean([training_bytes(run) for run in group]))
+        median, spread = np.mean([np.median(s) for s in scores]), np.mean([s.std() for s in scores])
+        rows[name] = {f"{metric}: mean (median) ± std over clients": f"{means[name]:.3f} ({median:.3f}) ± {spread:.3f}",
+                      "adaptive ECE": f"{client_mean(group, 'adaptive_ece'):.3f}",
+                      "adaptive MCE": f"{client_mean(group, 'adaptive_mce'):.3f}", "seeds": str(len(group))}
+    for name in rows:
+        rows[name]["RI (%)"] = f"{100 * (means[name] - means[BASELINE]) / means[BASELINE]:+.1f}" if BASELINE in means \
+            else ""
+        same = reference[name]
+        rows[name]["AC (%)"] = f"{100 * (sent[name] - sent[same]) / sent[same]:+.0f}" if same in sent and sent[same] \
+            else ""
+    frame = pd.DataFrame(rows).T
+    holders = sorted({(s.manifest.get("labels") or {}).get("held_apart", {}).get("holder")
+                      for s in subs if s.manifest and (s.manifest.get("labels") or {}).get("held_apart")})
+    note = (f"each client's own test set under the final model; per seed the mean (median) ± std over the clients, "
+            f"then the mean over the seeds; RI relative to {BASELINE}, AC the training bytes beyond {SSFL}'s "
+            "(comm.csv), both absent without that run; adaptive ECE and MCE: 15 equal-mass bins, means over clients")
+    if holders:
+        note += (f". {', '.join(holders)} held the held-apart set: real labelled images from every node "
+                 "(FedPerl's global validation set, read by the validation policies)")
+    return ReportTable("few_labels", title, frame, note, rows_are="variant")
+
+
+def community_tables(subs: list[SubExperiment]) -> list[Built]:
+    """Per peer-learning variant: how often each node (rows) chose each peer (columns), over rounds and seeds."""
+    choices: dict[str, list[pd.DataFrame]] = defaultdict(list)
+    for run in few_labels_runs(subs):
+        if (run.folder / "peers.csv").is_file():
+            choices[variant(run)].append(pd.read_csv(run.folder / "peers.csv"))
+    if not choices:
+        return [Missing("Peer choices (FedPerl's community matrix)", "a fedperl or fedmatch run with peers (peers.csv)")]
+    tables = []
+    for name, frames in choices.items():
+        chosen = pd.concat(frames)
+        nodes = nodes_of(subs) or sorted(set(chosen.node) | set(chosen.peer))
+        matrix = pd.crosstab(chosen.node, chosen.peer).reindex(index=nodes, columns=nodes, fill_value=0)
+        tables.append(ReportTable(f"community__{''.join(c if c.isalnum() else '_' for c in name)}",
+                                  f"Peer choices of {name}: how often each node chose each peer", matrix.astype(str),
+                                  f"counts over {chosen['round'].nunique()} round(s) and {len(frames)} seed(s)",
+                                  rows_are="node"))
+    return tables
