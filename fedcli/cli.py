@@ -122,6 +122,9 @@ def partition(
     validation_fraction: float = typer.Option(PartitionConfig.validation_fraction, help="Few labels: share of each "
                                               "labelled node's training images, per class, set apart as its "
                                               "labelled validation part."),
+    communities: list[int] = typer.Option([], help="site-shift: repeatable group sizes of consecutive nodes that "
+                                          "share a simulated scanner, e.g. 5 3 1 1 (FedPerl's communities) "
+                                          "\[default: every node its own].", show_default=False),
     labeled_nodes: Optional[list[str]] = typer.Option(None, help="Few labels: only these nodes keep labels (repeat "
                                                       "the option); none: no node does (labels only in the "
                                                       "held-apart set) \\[default: every node].", show_default=False),

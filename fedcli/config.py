@@ -78,7 +78,7 @@ class Range:
 # Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
 UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "labeled_fraction": 1.0, "validation_fraction": 0.0,
-                "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "ssl": "none", "labels": "visible",
+                "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "communities": [], "ssl": "none", "labels": "visible",
                 "steps_per_round": None, "participation": 1.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
                 "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
                 "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4}
@@ -120,6 +120,8 @@ class PartitionConfig:
     labeled_nodes: tuple[str, ...] | None = None  # None: every node; ("none",): none (labels only held apart)
     held_apart_fraction: float = ranged(0.0, 0, 0.5, high_open=True)
     held_apart_node: str | None = None  # default: the first node
+    communities: tuple[int, ...] = ranged((), 1, MAX_COUNT)  # site-shift: consecutive nodes sharing a scanner,
+    # by group size (5 3 1 1)
     site: str | None = None
     task: Task = "melanoma"
     positive_class: str | None = None  # a binary task's finding; default: the source's second class
@@ -153,6 +155,9 @@ class PartitionConfig:
                             else "--ks applies only to --scheme skew; drop it or add --scheme skew")
         if self.labeled_nodes is not None:  # none given (an empty list): every node; ("none",): no node
             object.__setattr__(self, "labeled_nodes", tuple(self.labeled_nodes) or None)
+        object.__setattr__(self, "communities", tuple(self.communities))
+        for size in self.communities:
+            field_range(PartitionConfig, "communities").check("--communities", size)
         if self.held_apart_node is not None and not self.held_apart_fraction:
             raise UserError("--held-apart-node names who holds the set --held-apart-fraction sets apart; give both")
         if self.bit_depth != "auto":
@@ -250,9 +255,10 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
                 pass
         raise UserError(f"{key} = {value!r} must be {' or '.join(map(kind_name, options))}")
     if origin is tuple:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise UserError(f"{key} = {value!r} must be a list of strings")
-        return tuple(value)
+        item = args[0] if args else str
+        if not isinstance(value, list):
+            raise UserError(f"{key} = {value!r} must be a list of {'numbers' if item in (int, float) else 'strings'}")
+        return tuple(coerce(v, item, key) for v in value)
     if origin is Literal:
         if value not in args:
             raise UserError(f"{key} = {value!r} is not one of {', '.join(map(str, args))}")

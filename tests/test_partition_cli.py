@@ -160,3 +160,15 @@ def test_a_positive_class_is_refused_for_ten_classes_and_written_nowhere(cli, tm
                           "--positive-class", "3")
     assert "--positive-class applies to a task of two classes" in line
     assert not (tmp_path / "exp").exists()
+
+
+def test_communities_give_consecutive_nodes_one_scanner(cli, tmp_path):
+    exp = tmp_path / "exp"
+    cli.ok("partition", "--nodes", "6", "--image-size", "16", "--exp", exp,
+           *[a for size in (3, 2, 1) for a in ("--communities", str(size))])
+    scanners = [json.dumps(node["acquisition"]) for node in Manifest.load(exp)["nodes"]]
+    assert scanners[0] == scanners[1] == scanners[2] != scanners[3] == scanners[4] != scanners[5] != scanners[0]
+    assert "adds up to 6 nodes, and there are 5" in cli.user_error(
+        "partition", "--nodes", "5", "--communities", "3", "--communities", "3", "--exp", tmp_path / "b")
+    assert "only --scheme site-shift has" in cli.user_error(
+        "partition", "--nodes", "2", "--scheme", "iid", "--communities", "2", "--exp", tmp_path / "c")

@@ -316,3 +316,46 @@ def test_the_file_system_root_or_the_home_folder_is_refused_as_experiment_folder
     assert "home folder" in cli.user_error("partition", "--exp", home)
     assert "home folder" in cli.user_error("run", "quickstart", "--exp", f"{home}/.")
     assert sorted(home.iterdir()) == []
+
+
+def test_sweep_variants_set_options_together_and_skip_generators_nobody_reads(cli, tmp_path):
+    """[[sweep.variants]]: each variant's options go together into one sub-experiment per seed, named by the
+    variant; with no strategy reading a buffer and no [train_gan] or [audit], no GAN is trained or audited."""
+    recipe = tmp_path / "variants.toml"
+    recipe.write_text("""
+[partition]
+nodes = 3
+image-size = 16
+labeled-fraction = 0.2
+
+[federate]
+rounds = 1
+epochs = 1
+init-epochs = 0
+bootstrap = 10
+
+[[sweep.variants]]
+name = "lower"
+federate.strategy = ["fedavg"]
+
+[[sweep.variants]]
+name = "ssl"
+federate.strategy = ["fedavg"]
+federate.ssl = "fixmatch"
+federate.unlabeled-ratio = 1
+""")
+    exp = tmp_path / "exp"
+    out = cli.ok("run", recipe, "--exp", exp, "--threads", "1").stdout
+    assert sorted(p.name for p in (exp / "runs").iterdir()) == ["variant=lower", "variant=ssl"]
+    configs = {p.name: json.loads((p / "federate" / "fedavg" / "config.json").read_text())["config"]
+               for p in (exp / "runs").iterdir()}
+    assert configs["variant=lower"]["ssl"] == "none" and configs["variant=ssl"]["ssl"] == "fixmatch"
+    assert configs["variant=ssl"]["unlabeled_ratio"] == 1
+    assert not any((exp / "runs" / name / "gan").exists() for name in configs)
+    assert "train-gan and audit-privacy: not run" in out
+    bad = tmp_path / "bad.toml"
+    bad.write_text(recipe.read_text() + '\n[sweep]\n"federate.ssl" = ["none"]\n')
+    assert "both swept and set by a variant" in cli.user_error("run", bad, "--exp", tmp_path / "other")
+    unnamed = tmp_path / "unnamed.toml"
+    unnamed.write_text(recipe.read_text().replace('name = "ssl"', 'name = "lower"'))
+    assert "needs a name of its own" in cli.user_error("run", unnamed, "--exp", tmp_path / "third")

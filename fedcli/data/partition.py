@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Collection
 from pathlib import Path
 
@@ -67,10 +68,32 @@ def build_nodes(cfg: PartitionConfig, source: SourceData, scheme: str, samples: 
                     f"left such a node)") if scheme == "dirichlet" else error
 
 
+def check_communities(cfg: PartitionConfig) -> None:
+    if not cfg.communities:
+        return
+    if cfg.scheme != "site-shift":
+        raise UserError(f"--communities groups nodes that share a simulated scanner, which only --scheme site-shift "
+                        f"has, not {cfg.scheme}")
+    if sum(cfg.communities) != cfg.nodes:
+        raise UserError(f"--communities {' '.join(map(str, cfg.communities))} adds up to {sum(cfg.communities)} nodes, "
+                        f"and there are {cfg.nodes}; make the group sizes add up to --nodes")
+    if len(cfg.communities) > len(acquisition.ACQUISITIONS):
+        raise UserError(f"--communities gives {len(cfg.communities)} groups, and site-shift has "
+                        f"{len(acquisition.ACQUISITIONS)} scanners; give at most that many groups")
+
+
+def scanner_of(cfg: PartitionConfig, index: int) -> int:
+    """Node `index`'s scanner: its own, or with --communities its group's (groups of consecutive nodes)."""
+    if not cfg.communities:
+        return index
+    ends = list(itertools.accumulate(cfg.communities))
+    return next(group for group, end in enumerate(ends) if index < end)
+
+
 def node_entry(cfg: PartitionConfig, scheme: str, index: int, name: str, members: list[Sample],
                label_names: list[str]) -> dict:
     train, test = split_node(name, members, label_names, cfg.test_fraction, cfg.folds, cfg.seed)
-    spec = acquisition.for_node(index) if scheme == "site-shift" else None
+    spec = acquisition.for_node(scanner_of(cfg, index)) if scheme == "site-shift" else None
     return {"name": name, "site": node_site(members), "acquisition": spec, "train": train, "test": test}
 
 
@@ -86,6 +109,7 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
     scheme = cfg.scheme or source.default_scheme
     n_nodes = None if scheme == "source" else cfg.nodes or DEFAULT_NODES
     cfg = dataclasses.replace(cfg, scheme=scheme, nodes=n_nodes, channels=cfg.channels or source.channels)
+    check_communities(cfg)
     if n_nodes is not None and n_nodes > len(samples):
         raise UserError(f"--nodes {n_nodes} is more than the {len(samples)} samples; lower --nodes")
     nodes = build_nodes(cfg, source, scheme, samples)

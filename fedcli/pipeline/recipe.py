@@ -2,8 +2,10 @@
 `[select]` grid, checked in full before any stage starts (a typo must not surface an hour in).
 
 `[sweep]` holds lists of values for stage options (`"federate.buffer-size" = [0, 512]`, or the
-nested form `federate.buffer-size = [...]`) and `seeds`, which sets every stage's seed through
-the partition's; the product of the lists is the set of sub-experiments. `[select]` holds a grid
+nested form `federate.buffer-size = [...]`), `seeds`, which sets every stage's seed through
+the partition's, and `variants`: named sets of options that go together (`[[sweep.variants]]` tables, each a
+`name` and stage options, e.g. a lower bound's strategies with `federate.ssl = "none"`); the product of the
+lists (the variants one axis) is the set of sub-experiments. `[select]` holds a grid
 of federate options (rounds, epochs, lr, mu, server_lr) and `folds` K for per-strategy model selection.
 `fedcli run --threads N` sets every stage's `threads`, which, like the options `fedcli run` sets
 itself, is no part of a unit's fingerprint: it changes how fast a unit runs, not what it makes.
@@ -22,6 +24,7 @@ from fedcli.config import (RECIPE_TABLES, AuditConfig, GanConfig, Metric, Partit
                            read_recipe, stage_values)
 from fedcli.errors import UserError
 from fedcli.fl.federate_config import FederateConfig, select_keys, varies_for
+from fedcli.fl.strategies import REGISTRY
 from fedcli.subexperiments import key_values
 
 STAGE_CLASSES = {"partition": PartitionConfig, "train_gan": GanConfig, "federate": FederateConfig,
@@ -48,6 +51,17 @@ class Point:
         for table, name, value in self.values:
             tables[table][name] = value
         return tables
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One value of `[sweep] variants`: its name (in the sub-experiment's) and the options it sets together."""
+
+    name: str
+    values: tuple[tuple[str, str, Any], ...]  # (table, field name, value)
+
+
+VARIANTS = ("variants", "variant")  # the sweep key of the variants axis: `variant=<name>` in folder names
 
 
 @dataclasses.dataclass
@@ -110,20 +124,31 @@ class Recipe:
         short = [name for _, name in keys]
         points: dict[str, Point] = {}  # by case-folded name: folder names some file systems fold
         for combo in itertools.product(*(self.sweep[k] for k in keys)):
-            name = key_values((n if short.count(n) == 1 else f"{t}.{n}", v) for (t, n), v in zip(keys, combo))
-            point = Point(name, tuple((t, n, v) for (t, n), v in zip(keys, combo)))
+            name = key_values((n if short.count(n) == 1 else f"{t}.{n}", v.name if isinstance(v, Variant) else v)
+                              for (t, n), v in zip(keys, combo))
+            point = Point(name, tuple(value for (t, n), v in zip(keys, combo)
+                                      for value in (v.values if isinstance(v, Variant) else ((t, n, v),))))
             check_point_name(point, points.get(name.casefold()))
             points[name.casefold()] = point
         return list(points.values())
 
+    def asks_for_generators(self, point: Point) -> bool:
+        """Whether the recipe sets a [train_gan] or [audit] option for `point` (beyond --threads): it wants
+        generators trained and audited even where no strategy reads their buffers."""
+        return any(name != "threads" for table in ("train_gan", "audit")
+                   for name in point.tables(self.stages)[table])
+
     def units(self) -> int:
-        """Units of work `fedcli run` may start: per sub-experiment partition, train-gan, audit-privacy and each
-        strategy's final run plus its [select] grid points times folds; and the report."""
+        """Units of work `fedcli run` may start: per sub-experiment partition, train-gan and audit-privacy (where
+        generators are wanted), each strategy's final run plus its [select] grid points times folds; and the
+        report."""
         total = 1
         for point in self.points():
             configs = self.configs(point, Path("."))
             folds = (self.select["folds"] or configs["partition"].folds) if self.select else 0
-            total += 3 + sum(1 + len(self.grid(s)) * folds for s in configs["federate"].strategy)
+            strategies = configs["federate"].strategy
+            generators = self.asks_for_generators(point) or any(REGISTRY[s].needs_buffers for s in strategies)
+            total += 1 + 2 * generators + sum(1 + len(self.grid(s)) * folds for s in strategies)
         return total
 
     def check_size(self, yes: bool) -> None:
@@ -202,7 +227,10 @@ def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def parse_sweep(table: dict[str, Any], origin: str) -> dict[tuple[str, str], list[Any]]:
-    sweep = {}
+    sweep: dict[tuple[str, str], list[Any]] = {}
+    table = dict(table)
+    if "variants" in table:
+        sweep[VARIANTS] = parse_variants(table.pop("variants"), origin)
     for key, values in flatten(table).items():
         if not isinstance(values, list) or not values:
             raise UserError(f"{origin}: sweep.{key} must be a non-empty list of values")
@@ -220,7 +248,37 @@ def parse_sweep(table: dict[str, Any], origin: str) -> dict[tuple[str, str], lis
         checked = [stage_values(STAGE_CLASSES[stage], stage, {name: v}, f"{origin} [sweep]", NOT_IN_RECIPE)[name]
                    for v in values]
         sweep[(stage, name)] = checked
+    swept_twice = {(t, n) for v in sweep.get(VARIANTS, []) for t, n, _ in v.values} & set(sweep)
+    if swept_twice:
+        table, name = sorted(swept_twice)[0]
+        raise UserError(f"{origin}: sweep key {table}.{name.replace('_', '-')} is both swept and set by a variant; "
+                        "keep it in one of the two")
     return sweep
+
+
+def parse_variants(items: Any, origin: str) -> list[Variant]:
+    """`[[sweep.variants]]`: each a unique `name` and stage tables of options set together."""
+    if not isinstance(items, list) or not items or not all(isinstance(item, dict) for item in items):
+        raise UserError(f"{origin}: sweep.variants must be a list of tables ([[sweep.variants]]), each a name and "
+                        "stage options")
+    variants, names = [], set()
+    for item in items:
+        name = item.get("name")
+        if not isinstance(name, str) or not name or name.casefold() in names:
+            raise UserError(f"{origin}: every [[sweep.variants]] needs a name of its own, got {name!r}")
+        names.add(name.casefold())
+        values = []
+        for stage, options in item.items():
+            if stage == "name":
+                continue
+            if stage not in STAGE_CLASSES or stage == "report" or not isinstance(options, dict):
+                raise UserError(f"{origin}: variant {name}: {stage!r} is not a stage table (partition, train_gan, "
+                                "federate, audit)")
+            check_run_keys(stage, {k.replace("-", "_"): None for k in options}, origin)
+            checked = stage_values(STAGE_CLASSES[stage], stage, options, f"{origin} variant {name}", NOT_IN_RECIPE)
+            values += [(stage, key, value) for key, value in checked.items()]
+        variants.append(Variant(name, tuple(values)))
+    return variants
 
 
 def parse_select(table: dict[str, Any], origin: str) -> dict[str, Any]:

@@ -76,9 +76,11 @@ class Runner:
                   lambda: stage_run("fedcli.data.partition", part, reserved=REGISTRY.reserved_names()))
         if not self.dry_run:
             self.prune_point(folder, fed)
+        generators = self.recipe.asks_for_generators(point) or any(REGISTRY[s].needs_buffers for s in fed.strategy)
         g_fp = fingerprint("train-gan", plain(gan, GAN_ENGINE_OPTIONS), [p_fp])
-        self.unit(folder, point.name, "train-gan", g_fp, "gan",
-                  lambda: stage_run("fedcli.gan.stage", gan, keep_finished=True))
+        if generators:
+            self.unit(folder, point.name, "train-gan", g_fp, "gan",
+                      lambda: stage_run("fedcli.gan.stage", gan, keep_finished=True))
         for strategy in fed.strategy:
             upstream = [p_fp, g_fp] if REGISTRY[strategy].needs_buffers else [p_fp]
             chosen, select_fps = self.select(folder, point.name, fed, strategy, upstream, part.folds)
@@ -91,6 +93,11 @@ class Runner:
             fp = fingerprint(f"federate:{strategy}", federate_key(cfg), upstream + select_fps)
             self.unit(folder, point.name, f"federate {strategy}", fp, f"federate/{strategy}",
                       lambda cfg=cfg: federate_run(cfg))
+        if not generators:
+            console.out.print(f"{point.name + ': ' if point.name else ''}train-gan and audit-privacy: not run, no "
+                              "strategy reads a buffer and the recipe sets no [train_gan] or [audit]", soft_wrap=True,
+                              markup=False)
+            return
         if not getattr(generator_kind(gan.generator), "projectable", True):  # the audit inverts GANs only
             console.out.print(f"{point.name + ': ' if point.name else ''}audit-privacy: not run, a {gan.generator} "
                               "generator has no latent to project", soft_wrap=True)

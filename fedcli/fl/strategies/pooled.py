@@ -39,8 +39,12 @@ class Pooled(Strategy):
             self.trained[key] = model
 
     def run_round(self, fed: "Federation", round_: int) -> None:
+        """Standalone under --participation: a node trains in the rounds it takes part in, the same steps a
+        federated node takes (the lower bound's budget)."""
+        taking_part = fed.participants(round_) if self.per_node else [CENTRAL]
         for key, model in self.trained.items():
-            fed.trainer.train(model, key, round_, self.data[key], None, fed.trainer.epochs)
+            if key in taking_part:
+                fed.trainer.train(model, key, round_, self.data[key], None, fed.trainer.epochs)
 
     def trained_on(self, fed: "Federation", node: str) -> tuple[TensorSource, TensorSource | None]:
         return self.data[node if self.per_node else CENTRAL], None
@@ -58,7 +62,7 @@ def central(name: str, order: int, summary: str, real: bool, synthetic: bool, as
 DECLARED = (
     Declaration("standalone", 60, "each node trains alone on its own images",
                 lambda o: Pooled("standalone", o, real=True, synthetic=False, per_node=True), own_architectures=True,
-                families=("baselines", "convergence"), semi_supervised=True),
+                families=("baselines", "convergence"), semi_supervised=True, partial=True),
     central("central", 70, "centralized: every node's real images pooled", True, False, "pooled real"),
     central("central-synthetic", 71, "centralized on every node's synthetic buffer", False, True, "pooled buffers"),
     central("central-mixed", 72, "centralized on every node's real images and buffers", True, True,
