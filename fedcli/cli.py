@@ -124,7 +124,7 @@ def partition(
                                               "labelled validation part."),
     communities: list[int] = typer.Option([], help="site-shift: repeatable group sizes of consecutive nodes that "
                                           "share a simulated scanner, e.g. 5 3 1 1 (FedPerl's communities) "
-                                          "\[default: every node its own].", show_default=False),
+                                          "\\[default: every node its own].", show_default=False),
     labeled_nodes: Optional[list[str]] = typer.Option(None, help="Few labels: only these nodes keep labels (repeat "
                                                       "the option); none: no node does (labels only in the "
                                                       "held-apart set) \\[default: every node].", show_default=False),
@@ -390,7 +390,7 @@ def federate(
                                         "(at least one), drawn per seed and round (FedPerl's 30%)."),
     model: list[str] = typer.Option(list(FederateConfig.model), help="Repeatable. Classifier: cnn (quick), "
                                     "resnet18 (the FedER study), resnet34 (the generative-replay study), resnet50, "
-                                    "densenet121; NODE=ARCH gives a node its own "
+                                    "densenet121, efficientnet_b0 (FedPerl's); NODE=ARCH gives a node its own "
                                     f"({' and '.join(d.name for d in REGISTRY if d.own_architectures)} only: their "
                                     "models never move)."),
     pretrained: bool = typer.Option(FederateConfig.pretrained, help="Start from ImageNet weights (torch hub "
@@ -633,6 +633,13 @@ def predict(
     threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Leave out files that are not usable images "
                                   "(unreadable, corrupt, too many pixels), listing each, instead of stopping."),
+    group: list[str] = typer.Option([], help="Repeatable NAME=CLASS+CLASS: merge the model's classes into groups "
+                                    "(every class in one; e.g. malignant=MEL+BCC+SCC), each group's probability the "
+                                    "sum of its classes'."),
+    labels_from_folders: bool = typer.Option(False, "--labels-from-folders", help="Score the predictions: each "
+                                             "image's label is its first folder under --data-dir (a group's name "
+                                             "with --group, else a class name); writes <out>_scores.csv with 95% "
+                                             "intervals."),
 ) -> None:
     """Classify a folder of new images with a trained federated model.
 
@@ -645,11 +652,12 @@ def predict(
     numbers = PredictConfig(batch=batch, threads=threads)
     with torch_threads(numbers.threads):
         result = run(exp, strategy, data_dir, node=node, ensemble=ensemble, out=out, device=device,
-                     batch=numbers.batch, skip_bad=skip_bad)
+                     batch=numbers.batch, skip_bad=skip_bad, groups=group, labels_from_folders=labels_from_folders)
     for name, why in result.skipped:
         console.out.print(f"note: skipped {name}: {why}", markup=False, soft_wrap=True)
     console.out.print(result.summary(), markup=False, soft_wrap=True)
-    console.out.print(f"wrote {result.out}", markup=False, soft_wrap=True)
+    console.out.print(f"wrote {result.out}" + (f" and {result.scores_out}" if result.scores_out else ""), markup=False,
+                      soft_wrap=True)
 
 
 weights_app = typer.Typer(help="Pretrained ImageNet weights (LPIPS, FID, classifiers): what is present, and "
@@ -678,7 +686,8 @@ def weights_status() -> None:
 @weights_app.command("fetch", epilog="Example: fedcli weights fetch vgg inception")
 def weights_fetch(
     names: Optional[list[str]] = typer.Argument(None, help="Backbones to fetch \\[default: vgg, alex, inception] "
-                                                "(also resnet18, resnet34, resnet50, densenet121).", show_default=False),
+                                                "(also resnet18, resnet34, resnet50, densenet121, efficientnet_b0).",
+                                                show_default=False),
 ) -> None:
     """Download backbones into the torch hub cache from the URLs torchvision and torch-fidelity publish
     (sha256-checked), where every stage looks for them. Needs the internet; stages themselves never download."""

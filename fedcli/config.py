@@ -279,7 +279,7 @@ LpipsNet = Literal["vgg", "alex"]
 Device = Literal["auto", "cpu", "cuda"]
 Engine = Literal["inprocess", "distributed"]
 Launch = Literal["none", "local"]
-ModelName = Literal["cnn", "resnet18", "resnet34", "resnet50", "densenet121"]
+ModelName = Literal["cnn", "resnet18", "resnet34", "resnet50", "densenet121", "efficientnet_b0"]
 Auto = Literal["auto"]
 Off = Literal["off"]
 

@@ -36,7 +36,9 @@ from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.layout import federate_dir
 from fedcli.models.classifier import build_classifier
+from fedcli.predict_scoring import class_groups, folder_labels, grouped, scores
 
+GROUP_PREFIX = "p_group:"  # --group: a group's probability column
 ARRAY_SOURCES = {"digits", "medmnist"}  # trained from in-memory arrays, resized as float tensors
 # OWASP's CSV injection list, plus the escape itself so that dropping one leading ' always undoes it
 ESCAPED_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
@@ -50,16 +52,28 @@ class Prediction:
     frame: pd.DataFrame
     skipped: list[tuple[str, str]]  # (file relative to --data-dir, why), with --skip-bad
 
+    scores: pd.DataFrame | None = None  # --labels-from-folders: the metrics against the folders' labels
+    scores_out: Path | None = None
+
     def summary(self) -> str:
-        counts = Counter(self.frame["predicted"])
-        labels = [c[2:] for c in self.frame.columns if c.startswith("p_")]
+        grouped = "group_predicted" in self.frame
+        counts = Counter(self.frame["group_predicted" if grouped else "predicted"])
+        labels = [c[len(GROUP_PREFIX if grouped else "p_"):] for c in self.frame.columns
+                  if c.startswith(GROUP_PREFIX if grouped else "p_") and (grouped or not c.startswith(GROUP_PREFIX))]
         per_label = ", ".join(f"{name}: {counts[name]}" for name in labels if counts[name])
         skipped = f"; skipped {len(self.skipped)} unusable files" if self.skipped else ""
-        return f"predicted {len(self.frame)} images with {self.strategy} ({self.model}): {per_label}{skipped}"
+        scored = ""
+        if self.scores is not None:
+            shown = self.scores.set_index("metric").loc[["accuracy", "f1_macro", "auroc"]]
+            scored = "; " + ", ".join(f"{m} {r.value:.3f} [{r.lo:.3f}, {r.hi:.3f}]" for m, r in shown.iterrows())
+        return (f"predicted {len(self.frame)} images with {self.strategy} ({self.model}): {per_label}{skipped}"
+                f"{scored}")
 
 
 def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensemble: bool = False,
-        out: Path | None = None, device: str = "auto", batch: int = 64, skip_bad: bool = False) -> Prediction:
+        out: Path | None = None, device: str = "auto", batch: int = 64, skip_bad: bool = False,
+        groups: list[str] = (), labels_from_folders: bool = False) -> Prediction:
+    """`groups`, `labels_from_folders`: an unseen labelled set scored, its classes merged (predict_scoring.py)."""
     if node is not None and ensemble:
         raise UserError("--node and --ensemble exclude each other; pass one of them")
     REGISTRY[strategy]  # an unknown name is refused here
@@ -69,20 +83,32 @@ def run(exp: Path, strategy: str, data_dir: Path, node: str | None = None, ensem
     folder = federate_dir(exp, strategy)
     default, own = architectures(federate_model(exp, folder, strategy, manifest))
     tag, keys = choose_models(folder, strategy, manifest, node, ensemble)
+    merged = class_groups(list(groups), manifest["label_names"])
     root, files = image_files(data_dir)
+    if labels_from_folders:  # a misplaced file is named before any image is classified
+        folder_labels([f.relative_to(root).as_posix() for f in files], list(merged) or manifest["label_names"])
     device = resolve_device(device)
     models = [load_model(folder / "models" / f"{key}.safetensors", f"model {key} of {strategy}",
                          own.get(key, default), manifest, device) for key in keys]
     names, probs, skipped = classify(models, manifest, root, files, device, batch, skip_bad)
     frame = table(names, probs, manifest["label_names"])
+    scored_probs, scored_names = (grouped(probs, merged), list(merged)) if merged else (probs, manifest["label_names"])
+    if merged:
+        frame["group_predicted"] = [scored_names[i] for i in scored_probs.argmax(axis=1)]
+        for g, name in enumerate(scored_names):
+            frame[f"{GROUP_PREFIX}{name}"] = scored_probs[:, g]
+    found = scores(names, scored_probs, scored_names, root.name) if labels_from_folders else None
     out = Path(out) if out is not None else exp / "predict" / f"{strategy}_{tag}.csv"
     if out.is_dir():
         raise UserError(f"--out {out} is a folder; give a file name such as {out / 'predictions.csv'}")
+    scores_out = out.with_name(f"{out.stem}_scores.csv") if found is not None else None
     try:
         write_csv(out, frame)
+        if found is not None:
+            write_csv(scores_out, found)
     except OSError as exc:
         raise UserError(f"cannot write {out} ({exc.strerror or exc}); choose another --out") from exc
-    return Prediction(out, strategy, tag, frame, skipped)
+    return Prediction(out, strategy, tag, frame, skipped, found, scores_out)
 
 
 def federate_model(exp: Path, folder: Path, strategy: str, manifest: Manifest) -> list[str] | str:

@@ -7,6 +7,7 @@ same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import numpy as np
@@ -28,3 +29,16 @@ def torch_stream(seed: int, *keys: object, device: str = "cpu"):
     generator = torch.Generator(device=device)
     generator.manual_seed(stream_seed(seed, *keys))
     return generator
+
+
+@contextlib.contextmanager
+def keyed_global_rng(seed: int, *keys: object, device: str = "cpu"):
+    """torch's global generators (CPU and `device`'s) seeded from the stream of `keys` for the block, then
+    restored: what draws from them inside (torchvision's dropout and stochastic depth) is keyed as every other
+    draw, the same on both engines and across a resume."""
+    import torch
+
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(stream_seed(seed, *keys))
+        yield

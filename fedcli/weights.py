@@ -47,7 +47,9 @@ BACKBONES = {b.name: b for b in (
                                       ("resnet34", "ResNet34_Weights.IMAGENET1K_V1", "resnet34-b627a593.pth"),
                                       ("resnet50", "ResNet50_Weights.IMAGENET1K_V2", "resnet50-11ad3fa6.pth"),
                                       ("densenet121", "DenseNet121_Weights.IMAGENET1K_V1",
-                                       "densenet121-a639ec97.pth"))),
+                                       "densenet121-a639ec97.pth"),
+                                      ("efficientnet_b0", "EfficientNet_B0_Weights.IMAGENET1K_V1",
+                                       "efficientnet_b0_rwightman-7f5810bc.pth"))),
 )}
 
 

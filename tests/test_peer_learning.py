@@ -19,6 +19,7 @@ from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.fixmatch import FixMatchSettings, SemiBatch
 from fedcli.fl.peer_teaching import PeerFixMatch, pseudo_labels
 from fedcli.fl.trainer import LocalTrainer
+from fedcli.report.calibration import reliability, risk_coverage
 from fedcli.report.collect import Run, SubExperiment
 from fedcli.report.few_labels import few_labels_table
 from fedcli.report.study import Missing
@@ -285,6 +286,20 @@ def test_the_report_shows_the_few_labels_table_and_the_community_matrix(referenc
     cli.ok("report", reference, "--metric", "f1-weighted")
     report = (reference / "report" / "report.md").read_text()
     assert "Few labels (FedPerl's Table 2)" in report and "fedperl (T=2, PA, validation, 75% participation)" in report
+    assert (reference / "report" / "figures" / "calibration.png").is_file()
+    table = pd.read_csv(reference / "report" / "few_labels.csv", index_col=0)
+    assert table["AURC"].between(0, 1).all()
     matrix = pd.read_csv(next((reference / "report").glob("community__fedmatch*.csv")), index_col=0)
     choices = pd.read_csv(reference / "federate" / "fedmatch" / "peers.csv")
     assert int(matrix.to_numpy().sum()) == len(choices)
+
+
+def test_risk_coverage_and_reliability_as_a_hand_computation():
+    labels = np.array([0, 1, 1, 0])
+    probs = np.array([[0.9, 0.1], [0.3, 0.7], [0.58, 0.42], [0.45, 0.55]])  # confidences .9 .7 .58 .55; 3rd, 4th wrong
+    coverage, risk, aurc = risk_coverage(labels, probs)
+    assert coverage.tolist() == [0.25, 0.5, 0.75, 1.0] and risk.tolist() == [0, 0, 1 / 3, 0.5]
+    assert aurc == pytest.approx((0 + 0 + 1 / 3 + 0.5) / 4)
+    confidence, accuracy, count = reliability(labels, probs)  # bins (8/15, 9/15]: .55 .58; (10/15, 11/15]: .7; .9
+    assert count.tolist() == [2, 1, 1] and accuracy.tolist() == [0, 1, 1]
+    assert confidence == pytest.approx([0.565, 0.7, 0.9])

@@ -258,3 +258,51 @@ def test_a_16_bit_file_takes_the_array_sources_path_scaled_not_clipped(exp, tmp_
     assert len(np.unique(image)) > 64  # clipped at 255, the ramp would give a few levels
     unit = Manifest({**manifest.data, "bit_depth": None, "value_range": [0.0, 1.0]})
     np.testing.assert_array_equal(image, decode(unit, tmp_path / "ramp.tif"))
+
+
+def test_an_unseen_labelled_set_is_scored_as_evaluation_scores_it_and_by_class_groups(exp, tmp_path, cli):
+    """Scenario 3 of FedPerl: a labelled folder no node held, scored from its folders' names; with --group the
+    classes merge (digits 0-4 against 5-9 here, as ISIC's eight classes into malignant against benign)."""
+    folder = tmp_path / "unseen"
+    index, labels = write_test_pngs(exp, "node0", folder)
+    out = tmp_path / "p.csv"
+    cli.ok("predict", "--exp", exp, "--strategy", "fedavg", "--data-dir", folder, "--out", out, "--labels-from-folders")
+    scores = pd.read_csv(tmp_path / "p_scores.csv").set_index("metric")
+    metrics = pd.read_csv(exp / "federate" / "fedavg" / "metrics.csv")
+    row = metrics[(metrics["round"] == 1) & (metrics.model_node == "global") & (metrics.test_node == "node0")].iloc[0]
+    for name in ("accuracy", "f1_macro", "auroc", "auprc", "adaptive_ece"):
+        assert scores.loc[name, "value"] == pytest.approx(row[name], abs=1e-9), name
+    assert (scores["lo"] <= scores["value"] + 1e-12).all() and scores.n.eq(len(labels)).all()
+
+    grouped_folder = tmp_path / "grouped"
+    names = Manifest.load(exp)["label_names"]
+    for rel in index:
+        label = names.index(rel.split("/")[0])
+        target = grouped_folder / ("low" if label < 5 else "high") / rel.split("/")[1]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).rename(target)
+    groups = ["--group", "low=" + "+".join(names[:5]), "--group", "high=" + "+".join(names[5:])]
+    cli.ok("predict", "--exp", exp, "--strategy", "fedavg", "--data-dir", grouped_folder, "--out", out,
+           "--labels-from-folders", *groups)
+    frame = pd.read_csv(out)
+    class_probs = probabilities(frame[[c for c in frame.columns if not c.startswith("p_group:")]])
+    low = class_probs[:, :5].sum(axis=1)
+    assert np.allclose(frame["p_group:low"], low) and np.allclose(frame["p_group:low"] + frame["p_group:high"], 1)
+    truth = np.array([0 if f.startswith("low/") else 1 for f in frame.file])
+    predicted = np.where(low >= 1 - low, 0, 1)
+    scores = pd.read_csv(tmp_path / "p_scores.csv").set_index("metric")
+    assert scores.loc["accuracy", "value"] == pytest.approx(np.mean(predicted == truth))
+    assert scores.loc["sensitivity", "value"] == pytest.approx(np.mean(predicted[truth == 0] == 0))  # first: positive
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--group", "low=0+1+2+3+4"], "every class in exactly one group: 5, 6, 7, 8, 9 in none"),
+    (["--group", "a=0+1+2+3+4+5", "--group", "b=5+6+7+8+9"], "5 in two"),
+    (["--group", "a=0+x"], "names 'x', which is not a class"),
+    (["--labels-from-folders"], "lies directly in --data-dir"),
+])
+def test_grouping_and_scoring_mistakes_are_one_line(exp, tmp_path, cli, args, says):
+    folder = tmp_path / "flat"
+    folder.mkdir()
+    Image.new("L", (16, 16)).save(folder / "a.png")
+    assert says in cli.user_error("predict", "--exp", exp, "--strategy", "fedavg", "--data-dir", folder, *args)

@@ -18,7 +18,7 @@ from fedcli.fl.node_data import NodeData
 from fedcli.fl.fixmatch import FixMatchSettings, SemiBatches, with_fixmatch
 from fedcli.fl.objectives import Objective, Supervised
 from fedcli.models.classifier import build_classifier
-from fedcli.rng import stream_seed, torch_stream
+from fedcli.rng import keyed_global_rng, stream_seed, torch_stream
 
 Compose = Callable[[TensorSource, "TensorSource | None", LocalSettings, torch.Generator], Sized]  # -> batches
 
@@ -117,4 +117,5 @@ class LocalTrainer:
             batches = SemiBatches(batches, self.data.unlabeled[key], self.semi.mu, self.data.augment,
                                   torch_stream(self.seed, key, round_, "fixmatch"))
             objective = with_fixmatch(objective or Supervised(), self.semi.fixmatch)
-        return train_local(model, batches, settings, self.device, objective)
+        with keyed_global_rng(self.seed, key, round_, "dropout", device=self.device):  # EfficientNet's dropout
+            return train_local(model, batches, settings, self.device, objective)

@@ -1,5 +1,7 @@
 """Classifier factory: a small CNN with BatchNorm for quick runs, and torchvision's ResNet-18 (the FedER
-study's), ResNet-34 (the generative-replay study's), ResNet-50 and DenseNet-121.
+study's), ResNet-34 (the generative-replay study's), ResNet-50, DenseNet-121 and EfficientNet-B0 (FedPerl's; its
+dropout and stochastic depth draw from the global generator, which local training seeds from a keyed stream for
+each call: fl/trainer.py).
 
 Grayscale input is handled by giving the first convolution one input channel (with ImageNet
 weights, the RGB filters are summed, which is what they compute on a gray image repeated to RGB).
@@ -17,7 +19,7 @@ from torch import nn
 from fedcli.errors import UserError
 from fedcli.weights import BACKBONES, hub_checkpoint, load_state
 
-MODELS = ("cnn", "resnet18", "resnet34", "resnet50", "densenet121")
+MODELS = ("cnn", "resnet18", "resnet34", "resnet50", "densenet121", "efficientnet_b0")
 HUB_FILES = {name: BACKBONES[name].filename for name in MODELS[1:]}
 
 
@@ -55,7 +57,8 @@ def torchvision_model(name: str, in_channels: int, num_classes: int, pretrained:
     model = getattr(tvm, name)(weights=None)
     if pretrained:
         model.load_state_dict(imagenet_state(name, weights))
-    first_name = "conv1" if name.startswith("resnet") else "features.conv0"
+    first_name = {"resnet": "conv1", "densenet": "features.conv0", "efficientnet": "features.0.0"}[
+        name.rstrip("0123456789_b")]
     first = model.get_submodule(first_name)
     if in_channels != 3:
         conv = nn.Conv2d(in_channels, first.out_channels, first.kernel_size, first.stride, first.padding, bias=False)
@@ -66,6 +69,8 @@ def torchvision_model(name: str, in_channels: int, num_classes: int, pretrained:
         setattr(parent, first_name.rsplit(".", 1)[-1], conv)
     if name.startswith("resnet"):
         model.fc = nn.Linear(model.fc.in_features, num_classes)
+    elif name.startswith("efficientnet"):  # keeps its dropout before the last layer
+        model.classifier[-1] = nn.Linear(model.classifier[-1].in_features, num_classes)
     else:
         model.classifier = nn.Linear(model.classifier.in_features, num_classes)
     return model

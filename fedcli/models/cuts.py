@@ -35,6 +35,9 @@ ENDS = {
 
 
 def check_cut(architecture: str, cut: str) -> None:
+    if architecture not in CUTS:
+        raise UserError(f"{architecture} has no cut (splitnn and fedreplay cut {', '.join(CUTS)}); choose one of them "
+                        "with --model")
     if cut not in CUTS[architecture]:
         raise UserError(f"--cut {cut} is not a cut of {architecture}; choose from {', '.join(CUTS[architecture])}")
 

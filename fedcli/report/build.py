@@ -16,7 +16,7 @@ from fedcli.config import METRIC_COLUMNS, ReportConfig
 from fedcli.devices import with_threads
 from fedcli.layout import report_dir
 from fedcli.locking import locked
-from fedcli.report import few_labels, figures, study
+from fedcli.report import calibration, few_labels, figures, study
 from fedcli.report.collect import SubExperiment, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.study import Missing, ReportTable
@@ -108,7 +108,11 @@ def run(cfg: ReportConfig) -> Report:
         w.table(study.skew_table(subs, metric))
         w.table(study.forgetting_table(subs))
         if few_labels.few_labels_runs(subs):  # FedPerl's readings, for experiments that hide labels
-            w.table(few_labels.few_labels_table(subs, metric))
+            aurc = calibration.calibration_figure(few_labels.variants(subs), out / "figures" / "calibration.png")
+            w.table(few_labels.few_labels_table(subs, metric, aurc))
+            if aurc:
+                w.figure("calibration.png", "Reliability and risk-coverage per variant (every client's test set under "
+                         "its final model, seeds pooled)")
             for table in few_labels.community_tables(subs):
                 w.table(table)
         if figures.skew_figure(subs, metric, out / "figures" / "label_skew.png"):

@@ -7,7 +7,8 @@ over the clients of each client's own test set under the final model, then their
 - RI: the relative improvement of the mean over FedAvg on the labelled images alone (the study's baseline).
 - AC: the training bytes a variant moved beyond SSFL's (FedAvg with FixMatch, same participation), relative to
   them: FedPerl's additional communication, as measured on the transport (comm.csv).
-- Calibration: the adaptive ECE and MCE (fl/evaluate.py), means over clients and seeds.
+- Calibration: the adaptive ECE and MCE (fl/evaluate.py), means over clients and seeds, and the AURC of the
+  pooled predictions (report/calibration.py, which also draws the reliability and risk-coverage figure).
 - The community matrix: how often each node chose each peer (peers.csv), over rounds and seeds.
 """
 
@@ -33,10 +34,18 @@ def learnt_from(run: Run) -> str:
     return SEMI if run.config.get("ssl", "none") != "none" or (declared and declared.fixmatch) else LOWER
 
 
-def few_labels_runs(subs: list[SubExperiment]) -> list[Run]:
-    """The runs of sub-experiments whose partition hides labels."""
-    return [run for s in subs if s.manifest and (s.manifest.get("labels") or {}).get("fraction", 1) < 1
+def few_labels_runs(subs: list[SubExperiment]) -> list[tuple[Run, SubExperiment]]:
+    """The runs (with their sub-experiment) of sub-experiments whose partition hides labels."""
+    return [(run, s) for s in subs if s.manifest and (s.manifest.get("labels") or {}).get("fraction", 1) < 1
             for run in s.runs if run.fold is None]
+
+
+def variants(subs: list[SubExperiment]) -> dict[str, list[tuple[Run, SubExperiment]]]:
+    """Each variant's runs, seeds pooled, in the order they were found."""
+    found: dict[str, list[tuple[Run, SubExperiment]]] = defaultdict(list)
+    for run, sub in few_labels_runs(subs):
+        found[variant(run)].append((run, sub))
+    return dict(found)
 
 
 def variant(run: Run) -> str:
@@ -71,28 +80,27 @@ def training_bytes(run: Run) -> float:
     return float(run.comm[run.comm.kind != "eval"].bytes.sum()) if run.comm is not None else float("nan")
 
 
-def few_labels_table(subs: list[SubExperiment], metric: str) -> Built:
+def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, float] | None = None) -> Built:
+    """`aurc`: each variant's area under its risk-coverage curve (report/calibration.py), a column where given."""
     title = "Few labels (FedPerl's Table 2): every variant over the clients"
-    runs = few_labels_runs(subs)
-    if not runs:
+    by_variant = {name: [run for run, _ in pairs] for name, pairs in variants(subs).items()}
+    if not by_variant:
         return Missing(title, "federate runs on a few-labels partition (partition --labeled-fraction)")
-    by_variant: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_variant[variant(run)].append(run)
-    rows, means, sent, reference = {}, {}, {}, {}
+    rows, means, sent, lower, ssfl = {}, {}, {}, {}, {}
     for name, group in by_variant.items():
-        reference[name] = labelled("fedavg", participating(group[0].config), SEMI)  # SSFL at its participation
+        share = participating(group[0].config)  # RI's and AC's references ran at the same participation
+        lower[name], ssfl[name] = labelled("fedavg", share, LOWER), labelled("fedavg", share, SEMI)
         scores = [np.array(list(own_scores(run.metrics, metric).values())) for run in group]
         means[name] = float(np.mean([s.mean() for s in scores]))
         sent[name] = float(np.mean([training_bytes(run) for run in group]))
         median, spread = np.mean([np.median(s) for s in scores]), np.mean([s.std() for s in scores])
         rows[name] = {f"{metric}: mean (median) ± std over clients": f"{means[name]:.3f} ({median:.3f}) ± {spread:.3f}",
                       "adaptive ECE": f"{client_mean(group, 'adaptive_ece'):.3f}",
-                      "adaptive MCE": f"{client_mean(group, 'adaptive_mce'):.3f}", "seeds": str(len(group))}
+                      "adaptive MCE": f"{client_mean(group, 'adaptive_mce'):.3f}",
+                      **({"AURC": f"{aurc[name]:.3f}"} if aurc and name in aurc else {}), "seeds": str(len(group))}
     for name in rows:
-        rows[name]["RI (%)"] = f"{100 * (means[name] - means[BASELINE]) / means[BASELINE]:+.1f}" if BASELINE in means \
-            else ""
-        same = reference[name]
+        base, same = lower[name], ssfl[name]
+        rows[name]["RI (%)"] = f"{100 * (means[name] - means[base]) / means[base]:+.1f}" if base in means else ""
         rows[name]["AC (%)"] = f"{100 * (sent[name] - sent[same]) / sent[same]:+.0f}" if same in sent and sent[same] \
             else ""
     frame = pd.DataFrame(rows).T
@@ -100,7 +108,8 @@ def few_labels_table(subs: list[SubExperiment], metric: str) -> Built:
                       for s in subs if s.manifest and (s.manifest.get("labels") or {}).get("held_apart")})
     note = (f"each client's own test set under the final model; per seed the mean (median) ± std over the clients, "
             f"then the mean over the seeds; RI relative to {BASELINE}, AC the training bytes beyond {SSFL}'s "
-            "(comm.csv), both absent without that run; adaptive ECE and MCE: 15 equal-mass bins, means over clients")
+            "(comm.csv), each at the variant's participation and absent without that run; adaptive ECE and MCE: 15 "
+            "equal-mass bins, means over clients; AURC: the area under the risk-coverage curve, lower is better")
     if holders:
         note += (f". {', '.join(holders)} held the held-apart set: real labelled images from every node "
                  "(FedPerl's global validation set, read by the validation policies)")
@@ -110,7 +119,7 @@ def few_labels_table(subs: list[SubExperiment], metric: str) -> Built:
 def community_tables(subs: list[SubExperiment]) -> list[Built]:
     """Per peer-learning variant: how often each node (rows) chose each peer (columns), over rounds and seeds."""
     choices: dict[str, list[pd.DataFrame]] = defaultdict(list)
-    for run in few_labels_runs(subs):
+    for run, _ in few_labels_runs(subs):
         if (run.folder / "peers.csv").is_file():
             choices[variant(run)].append(pd.read_csv(run.folder / "peers.csv"))
     if not choices:
