@@ -91,7 +91,8 @@ def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, name: str | Non
                     batch=cfg.batch, node_batch=cfg.batch_sizes(), lr_schedule=cfg.lr_schedule,
                     lr_step_epochs=cfg.lr_step_epochs, lr_step_factor=cfg.lr_step_factor, optimizer=cfg.optimizer,
                     sgd_momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay, epoch_steps=cfg.steps_per_round)
-    semi = None if not semi_supervised({"ssl": cfg.ssl, "strategy": name or cfg.strategy[0]}) else Semi(FixMatchSettings(cfg.confidence, cfg.lambda_u), cfg.unlabeled_ratio)
+    fixmatch = semi_supervised({"ssl": cfg.ssl, "strategy": name or cfg.strategy[0]})
+    semi = Semi(FixMatchSettings(cfg.confidence, cfg.lambda_u), cfg.unlabeled_ratio) if fixmatch else None
     trainer = LocalTrainer(data, budget, seed, device, cfg.model, cfg.pretrained, cfg.model_weights, semi)
     transport = transport or InProcessTransport()
     local_nodes = list(data.nodes if local_nodes is None else local_nodes)

@@ -99,31 +99,34 @@ def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, positiv
 
 def calibration_error(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Expected calibration error per resample: top-label confidence in ECE_BINS equal-width bins."""
-    confidence = probs.max(axis=1)
-    correct = (probs.argmax(axis=1) == y).astype(float)
-    bins = np.clip(np.ceil(confidence * ECE_BINS).astype(int) - 1, 0, ECE_BINS - 1)  # (k/15, (k+1)/15]
-    onehot = np.zeros((len(y), ECE_BINS))
-    onehot[np.arange(len(y)), bins] = 1.0
-    gap = weights @ (onehot * correct[:, None]) - weights @ (onehot * confidence[:, None])  # (B, bins)
-    return np.abs(gap).sum(axis=1) / weights.sum(axis=1)
+    _, gap = binned_gaps(y, probs, weights, equal_width_bins(probs.max(axis=1)))
+    return gap.sum(axis=1) / weights.sum(axis=1)
 
 
 def adaptive_calibration(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
     """Adaptive ECE and MCE per resample: ADAPTIVE_BINS equal-mass bins of the test set's top-label confidences."""
-    confidence = probs.max(axis=1)
-    correct = (probs.argmax(axis=1) == y).astype(float)
-    order = np.argsort(confidence, kind="stable")
+    order = np.argsort(probs.max(axis=1), kind="stable")
     bins = np.empty(len(y), dtype=int)
     for b, members in enumerate(np.array_split(order, min(ADAPTIVE_BINS, len(y)))):
         bins[members] = b
-    onehot = np.zeros((len(y), bins.max() + 1))
-    onehot[np.arange(len(y)), bins] = 1.0
-    mass = weights @ onehot  # (B, bins)
-    gap = np.abs(weights @ (onehot * correct[:, None]) - weights @ (onehot * confidence[:, None]))
+    mass, gap = binned_gaps(y, probs, weights, bins)
     with np.errstate(invalid="ignore", divide="ignore"):
-        per_bin = np.where(mass > 0, gap / mass, np.nan)
-    return {"adaptive_ece": gap.sum(axis=1) / weights.sum(axis=1),
-            "adaptive_mce": np.where(mass > 0, per_bin, -np.inf).max(axis=1)}
+        per_bin = np.where(mass > 0, gap / mass, -np.inf)  # a resample's empty bin is no bin of its MCE
+    return {"adaptive_ece": gap.sum(axis=1) / weights.sum(axis=1), "adaptive_mce": per_bin.max(axis=1)}
+
+
+def equal_width_bins(confidence: np.ndarray) -> np.ndarray:
+    """Each confidence's bin among ECE_BINS equal-width bins (k/15, (k+1)/15], the first closed at 0."""
+    return np.clip(np.ceil(confidence * ECE_BINS).astype(int) - 1, 0, ECE_BINS - 1)
+
+
+def binned_gaps(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, bins: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per resample and bin (B, bins): the weighted images, and |sum of correct - sum of top-label confidence|."""
+    confidence, correct = probs.max(axis=1), (probs.argmax(axis=1) == y).astype(float)
+    onehot = np.zeros((len(y), bins.max() + 1 if len(y) else 1))
+    onehot[np.arange(len(y)), bins] = 1.0
+    return weights @ onehot, np.abs(weights @ (onehot * correct[:, None]) - weights @ (onehot * confidence[:, None]))
 
 
 def average_precision(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcli.fl.evaluate import ECE_BINS
+from fedcli.fl.evaluate import equal_width_bins
 from fedcli.plotting import pyplot
 from fedcli.report.collect import Run, SubExperiment
 from fedcli.report.paired import own_predictions
@@ -39,8 +39,8 @@ def reliability(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.n
     """Per non-empty equal-width bin (k/15, (k+1)/15]: mean confidence, accuracy, images."""
     confidence = probs.max(axis=1)
     correct = probs.argmax(axis=1) == labels
-    bins = np.clip(np.ceil(confidence * ECE_BINS).astype(int) - 1, 0, ECE_BINS - 1)
-    kept = [b for b in range(ECE_BINS) if (bins == b).any()]
+    bins = equal_width_bins(confidence)
+    kept = sorted(set(bins.tolist()))
     return (np.array([confidence[bins == b].mean() for b in kept]), np.array([correct[bins == b].mean() for b in kept]),
             np.array([(bins == b).sum() for b in kept]))
 

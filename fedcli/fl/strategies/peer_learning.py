@@ -54,7 +54,7 @@ Policy = Literal["static", "validation", "gated-validation", "gated-similarity"]
 VALIDATED = ("validation", "gated-validation")  # the policies that read the held-apart set
 GATED = ("gated-validation", "gated-similarity")  # the policies with a threshold
 PEER_MODEL, ANONYMISED, PEER_CHECK = "peer-model", "anonymised-peer", "peer-check"
-CHOICES, TRAINED = "peers", "peer-trained"
+CHOICES = "peers"
 WEIGHTS, OUTPUTS = "weights", "outputs"  # how a model is described: FedPerl's, FedMatch's
 
 
@@ -91,19 +91,18 @@ class PeerLearning(ServerAveraging):
 
     def init_server(self, fed: "Federation") -> None:
         self.fixmatch, self.nodes = fed.trainer.semi.fixmatch, fed.nodes
+        self.probe = torch.rand((1, *fed.data.image_shape), generator=torch_stream(fed.seed, "fedmatch-probe"),
+                                dtype=torch.float32) * 2 - 1  # FedMatch's one random image, the same at every node
         self.own_models: dict[str, nn.Module] = {}  # each local node's model after its last local training
-        self.trained: list[str] = []  # the nodes that have a local model, in order (every process knows them)
         self.teachers: dict[str, list[nn.Module]] = {}  # this round's peers of each local node
         self.choices: list[dict] = []  # every node's peers, every round (every node holds them all)
 
     def train_and_average(self, fed: "Federation", round_: int, epochs: int) -> None:
         warmed = round_ > getattr(self.options, "warmup_rounds", 0)
-        participants = fed.participants(round_)
-        self.teachers = self.exchange(fed, round_, participants) if self.options.peers and warmed and self.trained \
-            else {}
+        known = trained_before(fed, round_)
+        self.teachers = self.exchange(fed, round_, known) if self.options.peers and warmed and known else {}
         super().train_and_average(fed, round_, epochs)
         self.teachers = {}
-        self.trained = [node for node in fed.nodes if node in self.trained or node in participants]
 
     def objective(self, node: str, anchor: dict[str, torch.Tensor]) -> Objective:
         return PeerFixMatch(self.fixmatch, self.teachers.get(node, []), self.labelling, self.consistency,
@@ -115,17 +114,17 @@ class PeerLearning(ServerAveraging):
         self.own_models[node] = model  # a fresh model each round: the average does not touch it
         return steps
 
-    def exchange(self, fed: "Federation", round_: int, participants: list[str]) -> dict[str, list[nn.Module]]:
-        """The peers of each node training this round, among the nodes with a local model, chosen alike at every
-        node, and their models as this process's nodes receive them."""
-        known = self.trained
+    def exchange(self, fed: "Federation", round_: int, known: list[str]) -> dict[str, list[nn.Module]]:
+        """The peers of each node training this round, among the `known` nodes (those with a local model), chosen
+        alike at every node, and their models as this process's nodes receive them."""
+        participants = fed.participants(round_)
         described = {node: self.description(fed, node) for node in fed.local_nodes if node in known}
         gathered = {k: v for part in fed.transport.gather(described, "describing the models to choose peers")
                     for k, v in part.items()}
         matrix = torch.tensor([gathered[node] for node in known], dtype=torch.float64)
         sim = peers.similarity(matrix) if self.describe == WEIGHTS else -torch.cdist(matrix, matrix)
         policy = getattr(self.options, "policy", "static")
-        accuracy = self.held_apart_accuracy(fed, round_) if policy in VALIDATED else None
+        accuracy = self.held_apart_accuracy(fed, round_, known) if policy in VALIDATED else None
         chosen = {node: [] for node in fed.nodes}
         for i, node in enumerate(known):
             if node not in participants:
@@ -142,30 +141,27 @@ class PeerLearning(ServerAveraging):
         model = self.own_models[node]
         if self.describe == WEIGHTS:
             return peers.features(list(model.parameters())).tolist()
-        probe = torch.rand((1, *fed.data.image_shape), generator=torch_stream(fed.seed, "fedmatch-probe"),
-                           dtype=torch.float32) * 2 - 1
         model.eval()
         with torch.no_grad():
-            return model(probe.to(fed.trainer.device)).double().reshape(-1).tolist()
+            return model(self.probe.to(fed.trainer.device)).double().reshape(-1).tolist()
 
-    def held_apart_accuracy(self, fed: "Federation", round_: int) -> list[float]:
-        """The accuracy on the held-apart set of every node's local model (of the nodes with one), which the set's
-        holder scores."""
+    def held_apart_accuracy(self, fed: "Federation", round_: int, known: list[str]) -> list[float]:
+        """The accuracy on the held-apart set of every `known` node's local model, which the set's holder scores."""
         holder, template = fed.data.held_apart_holder, self.global_model.state_dict()
         for node in fed.local_nodes:
-            if node != holder and node in self.trained:
+            if node != holder and node in known:
                 fed.transport.send(round_, node, holder, PEER_CHECK, encode_model(self.own_models[node].state_dict()))
         scores = {}
         if holder in fed.local_nodes:
             held = fed.data.held_apart()
-            for node in self.trained:
+            for node in known:
                 model = self.own_models[node] if node == holder else fed.trainer.rebuild(
                     node, decode_model(fed.transport.receive(round_, node, holder, PEER_CHECK), template))
                 predicted = predict(model, held.images, fed.trainer.device).argmax(axis=1)
                 scores[node] = float(np.mean(predicted == held.labels.numpy()))
         fed.transport.flush()
         gathered = {k: v for part in fed.transport.gather(scores, "the held-apart accuracies") for k, v in part.items()}
-        return [gathered[node] for node in self.trained]
+        return [gathered[node] for node in known]
 
     def send_peers(self, fed: "Federation", round_: int, chosen: dict[str, list[str]]
                    ) -> dict[str, list[dict[str, torch.Tensor]]]:
@@ -198,7 +194,6 @@ class PeerLearning(ServerAveraging):
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         states = super().state() | {f"peer-local:{node}": model.state_dict() for node, model in self.own_models.items()}
-        states[TRAINED] = {"nodes": torch.tensor([self.nodes.index(node) for node in self.trained], dtype=torch.long)}
         if self.choices:
             states[CHOICES] = choice_columns(self.choices, self.nodes)
         return states
@@ -208,7 +203,14 @@ class PeerLearning(ServerAveraging):
         self.own_models = {node: fed.trainer.rebuild(node, states[f"peer-local:{node}"]) for node in fed.local_nodes
                            if f"peer-local:{node}" in states}
         self.choices = choice_rows(states[CHOICES], fed.nodes) if CHOICES in states else []
-        self.trained = [fed.nodes[i] for i in states[TRAINED]["nodes"].tolist()]
+
+
+def trained_before(fed: "Federation", round_: int) -> list[str]:
+    """The nodes with a local model before round `round_`: those that trained in an earlier round (round 0 trains
+    only with init-epochs), in the partition's order; every process derives the same list."""
+    first = 0 if fed.trainer.init_epochs else 1
+    trained = {node for r in range(first, round_) for node in fed.participants(r)}
+    return [node for node in fed.nodes if node in trained]
 
 
 def choice_columns(rows: list[dict], nodes: list[str]) -> dict[str, torch.Tensor]:
