@@ -198,3 +198,21 @@ def test_an_image_smaller_than_the_window_gets_the_largest_odd_window_that_fits(
     got = scores.ssim(a, b)
     assert got.tolist() == pytest.approx([hand_ssim(x.numpy(), y.numpy(), window) for x, y in zip(a, b)], abs=1e-6)
     assert torch.allclose(scores.ssim(a, a), torch.ones(3), atol=1e-6)
+
+
+@pytest.mark.parametrize("classes", [2, 7])
+def test_average_precision_by_pairs_equals_it_by_sorting_with_ties_and_absent_classes(classes):
+    """The two computations average_precision chooses between by size (the scikit-learn test above reads the
+    pairs at its sizes)."""
+    from fedcli.fl.evaluate import average_precision_by_pairs, average_precision_by_sorting
+
+    rng = np.random.default_rng(classes)
+    for trial in range(10):
+        n = int(rng.integers(5, 300))
+        y = rng.integers(0, classes - (trial % 3 == 0), n)  # every third trial lacks the last class
+        probs = rng.dirichlet(np.ones(classes), n)
+        if trial % 2:
+            probs = np.round(probs, 1)  # ties
+        counts = np.vstack([np.ones(n), rng.multinomial(n, np.full(n, 1 / n), size=50)])
+        np.testing.assert_allclose(average_precision_by_pairs(y, probs, counts),
+                                   average_precision_by_sorting(y, probs, counts), rtol=0, atol=1e-12)

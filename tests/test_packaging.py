@@ -1,5 +1,6 @@
 """What a user meets before the first stage: the Python floor, the wheel `pip install` builds (license,
-version, shipped recipes), `-h`, shell completion, and figures that keep matplotlib out of $HOME."""
+version, shipped recipes), `-h`, shell completion, a start-up without the stages' heavy libraries, and figures that
+keep matplotlib out of $HOME."""
 
 from __future__ import annotations
 
@@ -155,3 +156,14 @@ def test_a_matplotlib_folder_the_user_chose_is_kept(monkeypatch, tmp_path):
     monkeypatch.delitem(sys.modules, "matplotlib", raising=False)  # as before the process's first figure
     keep_matplotlib_out_of_home()
     assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "mine")
+
+
+def test_the_cli_starts_without_the_libraries_only_a_stage_needs():
+    """Every command and every distributed rank imports fedcli.cli first: torchvision (the classifiers, FixMatch's
+    augmentations), lpips and matplotlib load where a stage uses them, not on every start-up."""
+    heavy = ("torchvision", "lpips", "matplotlib")
+    probe = f"import sys, fedcli.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", probe], env=os.environ | {"PYTHONPATH": str(PACKAGE.parent)},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"

@@ -131,7 +131,43 @@ def binned_gaps(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, bins: np.
 
 def average_precision(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Macro one-vs-rest average precision (binary: of class 1) per resample, over classes present: scikit-learn's
-    sum over distinct thresholds of (recall step) x precision, with resample counts as sample weights."""
+    sum over distinct thresholds of (recall step) x precision, with resample counts as sample weights. Two equal
+    computations: by pairs (B n^2, in matrix products) and by sorting (B n per class, in cumulative sums); the
+    pairs are faster up to about 200 images per class (measured: 120 images of 10 classes 2.6 against 23 ms for
+    1,000 resamples; 600 of 2 classes 34 against 18 ms) and bounded to keep the n x n matrix small."""
+    if len(y) <= min(PAIRS_MAX_IMAGES, PAIRS_IMAGES_PER_CLASS * probs.shape[1]):
+        return average_precision_by_pairs(y, probs, weights)
+    return average_precision_by_sorting(y, probs, weights)
+
+
+PAIRS_IMAGES_PER_CLASS, PAIRS_MAX_IMAGES = 200, 2048
+
+
+def average_precision_by_pairs(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """AP of class c = sum over its images j of w_j TP(s_j) / P(s_j), over their total weight: TP and P the weights
+    of the class's images and of all images scoring c at least s_j, image j's score for its own class c (a
+    threshold's recall step is the weight of the positives at it, ties included)."""
+    own = probs[np.arange(len(y)), y]
+    at_least = probs[:, y] >= own[None, :]  # (i, j): image i scores class y_j at least as high as image j does
+    predicted = weights @ at_least
+    true_positives = weights @ (at_least & (y[:, None] == y[None, :]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weighted_precision = np.where(predicted > 0, true_positives / predicted, 0.0) * weights
+    per_class = []
+    for c in [1] if probs.shape[1] == 2 else range(probs.shape[1]):
+        images = y == c
+        if not images.any():
+            continue
+        total = weights[:, images].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_class.append(np.where(total > 0, weighted_precision[:, images].sum(axis=1) / total, np.nan))
+    if not per_class:
+        return np.full(weights.shape[0], np.nan)
+    return mean_of_defined(np.stack(per_class), axis=0)
+
+
+def average_precision_by_sorting(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per class: the images sorted by score, cumulative weights read at each distinct threshold."""
     classes = [1] if probs.shape[1] == 2 else range(probs.shape[1])
     per_class = []
     for c in classes:

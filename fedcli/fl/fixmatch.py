@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedcli.data.fixmatch_augment import strong_view, weak_view
 from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.local import Cycler
 from fedcli.fl.objectives import Batch, Objective, Supervised, Wrapped, replay_loss
@@ -86,6 +85,8 @@ class SemiBatches:
         return len(self.labelled)
 
     def __iter__(self) -> Iterator[SemiBatch]:
+        from fedcli.data.fixmatch_augment import strong_view, weak_view  # torchvision: not on the CLI's start-up path
+
         draws = Cycler(self.unlabelled, self.generator) if len(self.unlabelled) else None
         for batch in self.labelled:
             index = draws.take(self.mu * batch.n_primary) if draws else torch.empty(0, dtype=torch.long)
