@@ -66,3 +66,30 @@ def nearest(matrix: torch.Tensor, exclude: torch.Tensor | None = None) -> tuple[
         matrix = matrix.clone()
         matrix[torch.arange(len(matrix)), exclude] = float("inf")
     return matrix.min(dim=1)
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Peak signal-to-noise ratio per image pair in dB, images in [-1, 1] (peak-to-peak 2)."""
+    mse = (a.double() - b.double()).flatten(1).square().mean(dim=1)
+    return (10 * torch.log10(DATA_RANGE ** 2 / mse.clamp_min(1e-20))).float()
+
+
+def reconstruction_scores(perceptual, reconstructions: torch.Tensor, originals: torch.Tensor,
+                          others: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each reconstruction scored by PSNR, SSIM and LPIPS against its original and against the nearest of `others`
+    (every other real image the attacker could confuse it with; nearest under that score), and `reconstructed_*`
+    where it is closer to its original than to any of them: a reconstruction of that patient, not of a typical
+    image. Higher PSNR and SSIM, lower LPIPS, are closer."""
+    def nearest_other(score) -> torch.Tensor:  # the highest score over the others, per reconstruction
+        return torch.stack([score(r.expand_as(others), others).max() for r in reconstructions])
+
+    lpips_original = distance_matrix(perceptual, reconstructions, originals).diagonal()
+    pairs = {"psnr": (psnr(reconstructions, originals), nearest_other(psnr)),
+             "ssim": (ssim(reconstructions, originals), nearest_other(ssim)),
+             "lpips": (-lpips_original, -distance_matrix(perceptual, reconstructions, others).amin(1))}
+    scores: dict[str, torch.Tensor] = {}
+    for name, (original, other) in pairs.items():
+        sign = -1 if name == "lpips" else 1
+        scores[name], scores[f"{name}_nearest_other"] = sign * original, sign * other
+        scores[f"reconstructed_{name}"] = original > other
+    return scores
