@@ -28,7 +28,7 @@ def digits() -> torch.Tensor:
 class Pixels:
     """A stand-in for LPIPS: the RMS pixel distance, so the scores' logic is tested apart from a network."""
 
-    def features_of(self, images, chunk):
+    def features_of(self, images, chunk=256):
         return images
 
     def features(self, images):
@@ -36,6 +36,9 @@ class Pixels:
 
     def pairwise(self, a, b):
         return scores.pixel_l2(a.repeat_interleave(len(b), 0), b.repeat(len(a), 1, 1, 1)).view(len(a), len(b))
+
+    def paired(self, a, b):
+        return scores.pixel_l2(a, b)
 
 
 def streams(n: int) -> list[torch.Generator]:

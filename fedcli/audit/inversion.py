@@ -49,7 +49,8 @@ def invert_features(encoder: nn.Module, features: torch.Tensor, image_shape: tup
                     settings: InversionSettings, streams: list[torch.Generator],
                     on_step: Callable[[int], None] | None = None) -> torch.Tensor:
     """Images x' in [-1, 1] whose encodings match `features` (one per image), the best of the restarts per image;
-    restart r of image i starts from a draw of streams[i]."""
+    restart r of image i starts from a draw of streams[i]. The encoder is put in eval mode and frozen (the attacker's
+    copy)."""
     encoder = encoder.eval().requires_grad_(False)
     n = len(features)
     best, best_loss = torch.zeros((n, *image_shape)), torch.full((n,), float("inf"))

@@ -83,13 +83,13 @@ def reconstruction_scores(perceptual, reconstructions: torch.Tensor, originals: 
     def nearest_other(score) -> torch.Tensor:  # the highest score over the others, per reconstruction
         return torch.stack([score(r.expand_as(others), others).max() for r in reconstructions])
 
-    lpips_original = distance_matrix(perceptual, reconstructions, originals).diagonal()
-    pairs = {"psnr": (psnr(reconstructions, originals), nearest_other(psnr)),
-             "ssim": (ssim(reconstructions, originals), nearest_other(ssim)),
-             "lpips": (-lpips_original, -distance_matrix(perceptual, reconstructions, others).amin(1))}
-    scores: dict[str, torch.Tensor] = {}
-    for name, (original, other) in pairs.items():
-        sign = -1 if name == "lpips" else 1
-        scores[name], scores[f"{name}_nearest_other"] = sign * original, sign * other
-        scores[f"reconstructed_{name}"] = original > other
+    rebuilt = perceptual.features_of(reconstructions)  # once, for both LPIPS readings
+    with torch.no_grad():
+        scores = {"psnr": psnr(reconstructions, originals), "psnr_nearest_other": nearest_other(psnr),
+                  "ssim": ssim(reconstructions, originals), "ssim_nearest_other": nearest_other(ssim),
+                  "lpips": perceptual.paired(rebuilt, perceptual.features_of(originals)),
+                  "lpips_nearest_other": perceptual.pairwise(rebuilt, perceptual.features_of(others)).amin(1)}
+    for name in ("psnr", "ssim"):
+        scores[f"reconstructed_{name}"] = scores[name] > scores[f"{name}_nearest_other"]
+    scores["reconstructed_lpips"] = scores["lpips"] < scores["lpips_nearest_other"]
     return scores

@@ -129,6 +129,14 @@ def binned_gaps(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, bins: np.
     return weights @ onehot, np.abs(weights @ (onehot * correct[:, None]) - weights @ (onehot * confidence[:, None]))
 
 
+PAIRS_IMAGES_PER_CLASS, PAIRS_MAX_IMAGES = 200, 2048  # where average precision is computed by pairs
+
+
+def one_vs_rest_classes(probs: np.ndarray) -> list[int] | range:
+    """The classes a one-vs-rest metric averages over: class 1 alone for a binary task."""
+    return [1] if probs.shape[1] == 2 else range(probs.shape[1])
+
+
 def average_precision(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Macro one-vs-rest average precision (binary: of class 1) per resample, over classes present: scikit-learn's
     sum over distinct thresholds of (recall step) x precision, with resample counts as sample weights. Two equal
@@ -138,9 +146,6 @@ def average_precision(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> 
     if len(y) <= min(PAIRS_MAX_IMAGES, PAIRS_IMAGES_PER_CLASS * probs.shape[1]):
         return average_precision_by_pairs(y, probs, weights)
     return average_precision_by_sorting(y, probs, weights)
-
-
-PAIRS_IMAGES_PER_CLASS, PAIRS_MAX_IMAGES = 200, 2048
 
 
 def average_precision_by_pairs(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -154,7 +159,7 @@ def average_precision_by_pairs(y: np.ndarray, probs: np.ndarray, weights: np.nda
     with np.errstate(invalid="ignore", divide="ignore"):
         weighted_precision = np.where(predicted > 0, true_positives / predicted, 0.0) * weights
     per_class = []
-    for c in [1] if probs.shape[1] == 2 else range(probs.shape[1]):
+    for c in one_vs_rest_classes(probs):
         images = y == c
         if not images.any():
             continue
@@ -168,9 +173,8 @@ def average_precision_by_pairs(y: np.ndarray, probs: np.ndarray, weights: np.nda
 
 def average_precision_by_sorting(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Per class: the images sorted by score, cumulative weights read at each distinct threshold."""
-    classes = [1] if probs.shape[1] == 2 else range(probs.shape[1])
     per_class = []
-    for c in classes:
+    for c in one_vs_rest_classes(probs):
         positive = (y == c).astype(float)
         if not positive.any():
             continue
@@ -193,9 +197,8 @@ def average_precision_by_sorting(y: np.ndarray, probs: np.ndarray, weights: np.n
 
 def auroc(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Macro one-vs-rest AUROC (binary: of class 1) per resample, over classes with both sides present."""
-    classes = [1] if probs.shape[1] == 2 else range(probs.shape[1])
     per_class = []
-    for c in classes:
+    for c in one_vs_rest_classes(probs):
         pos, neg = y == c, y != c
         if not pos.any() or not neg.any():
             continue
