@@ -259,11 +259,13 @@ AUDITED_CONTROLS = {"reseeded": GENERATOR_RESEEDED, "tiny-node": GENERATOR_TINY}
 
 
 def input_file(key: str, folder: Path, root: Path) -> Path | None:
-    """The file an input of `folder/config.json` names: `buffer:<node>` or `codes:<node>` (federate) or an audited
-    one."""
+    """The file an input of `folder/config.json` names: `buffer:<node>` or `codes:<node>` (federate), an audited
+    one, or the federation whose shared data attacks/<strategy> attacked (its config.json records its files)."""
     for prefix, name in (("buffer:", BUFFER), ("codes:", CODES)):
         if key.startswith(prefix):
             return inside(root, "gan", key.removeprefix(prefix), name)
+    if key == "federate" and folder.parent.name == "attacks":
+        return inside(root, "federate", folder.name, CONFIG)
     audited = AUDITED | AUDITED_CONTROLS
     if key in audited and folder.parent.name == "audit":
         return inside(root, "gan", folder.name, audited[key])

@@ -141,6 +141,9 @@ def partition(
                                                  "and specificity federate reports \\[default: the second class: the "
                                                  "finding of every built-in binary source].", show_default=False),
     test_fraction: float = typer.Option(PartitionConfig.test_fraction, help="Share of each node held out as a class-balanced test set."),
+    train_size: Optional[int] = typer.Option(None, help="Keep at most this many training images per node, a "
+                                             "class-stratified draw (a smaller hospital, its test set unchanged) "
+                                             "\\[default: all].", show_default=False),
     folds: int = typer.Option(PartitionConfig.folds, help="Stratified cross-validation folds over each node's train part."),
     image_size: int = typer.Option(PartitionConfig.image_size, help="Image side in pixels for every later stage: a power "
                                    "of two from 16 to 1024 (every stage holds a node's images in memory)."),
@@ -486,23 +489,34 @@ def audit_privacy(
                                   "and the reseeded control against the control (privacy effect none; needs "
                                   "train-gan --controls)."),
     strict: bool = typer.Option(AuditConfig.strict, help="Exit with code 1 when the verdict is fail."),
+    shared: bool = typer.Option(AuditConfig.shared, help="Also attack what the federations in <exp>/federate shared "
+                                "(white box): model inversion of FedReplay's latents and SplitNN's activations, "
+                                "gradient inversion of one local step of an averaging strategy at batch 1, 4 and 8; "
+                                "writes <exp>/attacks/<strategy>/. Without generators, only these."),
+    attack_images: int = typer.Option(AuditConfig.attack_images, help="--shared: latents attacked per node."),
+    attack_iterations: int = typer.Option(AuditConfig.attack_iterations, help="--shared: optimiser steps per "
+                                          "attack and restart (the reference study: 20,000)."),
+    attack_restarts: int = typer.Option(AuditConfig.attack_restarts, help="--shared: random starts per attack; "
+                                        "the best match is kept."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     device: Device = typer.Option(AuditConfig.device, help="auto (CUDA when present), cpu or cuda."),
     threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
     config: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
-    overwrite: bool = typer.Option(AuditConfig.overwrite, help="Replace existing <exp>/audit/<node> folders."),
+    overwrite: bool = typer.Option(AuditConfig.overwrite, help="Replace existing <exp>/audit/<node> folders "
+                                   "(and <exp>/attacks/<strategy> with --shared)."),
 ) -> None:
     """Project real images into each generator's latent space and score what the buffers reveal.
 
     Empirical attack scores, not a formal privacy guarantee. Writes <exp>/audit/<node>/:
     distances.csv, summary.json, histogram.png, pairs.png, nearest.png, roc.png, config.json.
     """
-    from fedcli.audit.stage import run
-    from fedcli.report.tables import audit_table
+    from fedcli.audit.stage import audit
+    from fedcli.report.tables import attacks_table, audit_table
 
     cfg = resolved_config(ctx, AuditConfig, "audit")
-    summaries = run(cfg)
-    console.out.print(audit_table(summaries))
+    summaries, attacked = audit(cfg)
+    if summaries:
+        console.out.print(audit_table(summaries))
     for s in summaries:
         verdict, effect = s["verdict"], s["privacy_effect"]
         colour = {"pass": "green", "fail": "red"}.get(verdict["result"], "yellow")
@@ -522,9 +536,14 @@ def audit_privacy(
             mark = "[green]holds[/green]" if control["holds"] else "[red]does not hold[/red]"
             console.out.print(f"node {s['node']} control {name}: expected {control['expected']}, "
                               f"{control['observed']}: {mark}")
+    if attacked:
+        console.out.print(attacks_table(attacked))
+        for strategy, summary in attacked.items():
+            for note in summary["notes"]:
+                console.out.print(f"{strategy}: {note}", soft_wrap=True, markup=False)
     console.out.print("empirical attack scores, not a formal privacy guarantee"
                       + (" (except the DP lines above)" if any("dp" in s for s in summaries) else ""))
-    console.out.print(f"wrote {cfg.exp / 'audit'}")
+    console.out.print(f"wrote {', '.join(str(cfg.exp / f) for f in ('audit', 'attacks') if (cfg.exp / f).is_dir())}")
     if cfg.strict and any(s["verdict"]["result"] == "fail" for s in summaries):
         raise typer.Exit(1)
 

@@ -27,7 +27,7 @@ from fedcli.errors import UserError
 from fedcli.layout import check_experiment_folder
 
 STAGE_TABLES = ("partition", "train_gan", "federate", "audit", "report")
-RECIPE_TABLES = (*STAGE_TABLES, "sweep", "select")  # the last two: `fedcli run` only
+RECIPE_TABLES = (*STAGE_TABLES, "sweep", "select", "regime")  # the last three: `fedcli run` only
 
 Source = Literal["digits", "tuberculosis", "isic2019", "medmnist", "folders", "csv", "retinopathy"]
 Scheme = Literal["source", "iid", "dirichlet", "site-shift", "skew"]
@@ -77,7 +77,7 @@ class Range:
 
 # Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
-UNCHANGED_AT = {"ks": None, "shared_fraction": 0.0, "labeled_fraction": 1.0, "validation_fraction": 0.0,
+UNCHANGED_AT = {"ks": None, "train_size": None, "shared_fraction": 0.0, "labeled_fraction": 1.0, "validation_fraction": 0.0,
                 "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "communities": [], "ssl": "none", "labels": "visible",
                 "steps_per_round": None, "participation": 1.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
                 "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
@@ -126,6 +126,7 @@ class PartitionConfig:
     task: Task = "melanoma"
     positive_class: str | None = None  # a binary task's finding; default: the source's second class
     test_fraction: float = ranged(0.2, 0, 1, low_open=True, high_open=True)
+    train_size: int | None = ranged(None, 2, MAX_COUNT)  # at most this many train images per node (a smaller site)
     folds: int = ranged(5, 2, MAX_FOLDS)
     image_size: int = ranged(32, 16, MAX_IMAGE_SIZE, why="a power of two; each stage holds a node's images in "
                              "memory as N x C x S x S bytes")
@@ -421,6 +422,11 @@ def architectures(entries: tuple[str, ...] | str) -> tuple[str, dict[str, str]]:
     return default or "cnn", own
 
 
+# what only `audit-privacy --shared` reads: the generator audit's fingerprint leaves them out, the attacks' holds
+# them (with the node and seed)
+ATTACK_OPTIONS = frozenset({"shared", "attack_images", "attack_iterations", "attack_restarts"})
+
+
 @dataclasses.dataclass(frozen=True)
 class AuditConfig:
     """`fedcli audit-privacy`. Defaults are quick (100 projection steps); the study used 1000."""
@@ -438,6 +444,10 @@ class AuditConfig:
     standard: bool = False
     controls: bool = False
     strict: bool = False
+    shared: bool = False  # also attack what the federations shared (audit/shared_attacks.py)
+    attack_images: int = ranged(8, 1, 256)  # latents attacked per node (FedReplay keeps 256)
+    attack_iterations: int = ranged(2000, 1, MAX_COUNT)  # the reference study: 20,000
+    attack_restarts: int = ranged(2, 1, 100)
     seed: int | None = ranged(None, 0, MAX_SEED)
     device: Device = "auto"
     threads: int | None = ranged(None, 1, MAX_THREADS)

@@ -66,5 +66,10 @@ def audit_dir(exp: Path, node: str) -> Path:
     return inside(exp, "audit", node)
 
 
+def attacks_dir(exp: Path, strategy: str) -> Path:
+    """`audit-privacy --shared`: the attacks on what a federation shared."""
+    return inside(exp, "attacks", strategy)
+
+
 def report_dir(exp: Path) -> Path:
     return inside(exp, "report")

@@ -94,6 +94,20 @@ def test_split_puts_every_sample_on_exactly_one_side_with_rare_classes_in_train(
     assert any(r["label"] == 3 for r in train)
 
 
+def test_a_train_size_keeps_each_classs_share_of_a_smaller_train_set_and_leaves_the_test_set_alone():
+    labels = [0] * 60 + [1] * 30 + [2] * 15
+    full, test = split_node("n", samples(labels), list("abc"), test_fraction=0.2, folds=3, seed=0)
+    smaller, same_test = split_node("n", samples(labels), list("abc"), 0.2, 3, seed=0, train_size=31)
+    assert same_test == test and len(smaller) == 31
+    assert {r["id"] for r in smaller} < {r["id"] for r in full}
+    full_counts = Counter(r["label"] for r in full)
+    exact = {c: 31 * n / len(full) for c, n in full_counts.items()}
+    assert all(abs(n - exact[c]) < 1 for c, n in Counter(r["label"] for r in smaller).items())
+    assert split_node("n", samples(labels), list("abc"), 0.2, 3, seed=0, train_size=31)[0] == smaller
+    assert split_node("n", samples(labels), list("abc"), 0.2, 3, seed=1, train_size=31)[0] != smaller
+    assert split_node("n", samples(labels), list("abc"), 0.2, 3, seed=0, train_size=500)[0] == full
+
+
 def test_split_keeps_groups_together():
     labels = np.repeat([0, 1], 40)
     groups = [f"g{i // 4}" for i in range(80)]

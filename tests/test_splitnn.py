@@ -98,7 +98,9 @@ def test_the_bottom_goes_round_in_order_and_every_batch_reaches_the_server(exp):
     steps = {node: len(batch_bounds(len(fed.data.train[node]), 48)) for node in nodes}
     assert up == [node for node in nodes[:-1] for _ in range(steps[node])]  # the server's own batches stay
     kept = splitnn.kept()["activations"]
-    assert sorted(kept) == sorted(f"{n}/{k}" for n in nodes for k in ("activations", "gradients", "labels"))
+    bottom = [f"bottom/{k}" for k in splitnn.bottom.state_dict()]  # the bottom that computed them, with its node
+    assert sorted(kept) == sorted(f"{n}/{k}" for n in nodes for k in ("activations", "gradients", "labels", "index",
+                                                                        *bottom))
     assert kept[f"{nodes[0]}/activations"].shape == kept[f"{nodes[0]}/gradients"].shape == (48, 32, 8, 8)
 
 

@@ -17,6 +17,7 @@ x = dL/dW[i] / dL/db[i] for any row i with delta_i != 0 (Phong et al. 2017), `li
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 
@@ -47,11 +48,17 @@ def start_images(shape: tuple[int, ...], generator: torch.Generator) -> torch.Te
 
 def invert_features(encoder: nn.Module, features: torch.Tensor, image_shape: tuple[int, ...],
                     settings: InversionSettings, streams: list[torch.Generator],
-                    on_step: Callable[[int], None] | None = None) -> torch.Tensor:
+                    on_step: Callable[[int], None] | None = None, batch_statistics: bool = False) -> torch.Tensor:
     """Images x' in [-1, 1] whose encodings match `features` (one per image), the best of the restarts per image;
-    restart r of image i starts from a draw of streams[i]. The encoder is put in eval mode and frozen (the attacker's
-    copy)."""
-    encoder = encoder.eval().requires_grad_(False)
+    restart r of image i starts from a draw of streams[i]. The encoder is frozen (the attacker's copy) and in eval
+    mode, or, with `batch_statistics`, in training mode with its BatchNorm normalising by the batch, as when the
+    features were computed in a training step (the images are then inverted jointly, their running statistics
+    left as they were)."""
+    encoder = copy.deepcopy(encoder).train(batch_statistics).requires_grad_(False)
+    if batch_statistics:
+        for module in encoder.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.momentum = 0.0
     n = len(features)
     best, best_loss = torch.zeros((n, *image_shape)), torch.full((n,), float("inf"))
     for restart in range(settings.restarts):

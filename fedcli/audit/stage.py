@@ -14,7 +14,9 @@ buffer is audited by its distance to closest record. These are
 empirical attack scores, not a formal privacy guarantee.
 
 Writes `<exp>/audit/<node>/`: distances.csv, summary.json, histogram.png, pairs.png,
-nearest.png, roc.png, config.json.
+nearest.png, roc.png, config.json. With --shared, also the reconstruction attacks on what each federation
+shared besides synthetic images (audit/shared_attacks.py, `<exp>/attacks/<strategy>/`); on an experiment
+without generators, only those.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from fedcli.artifact_kinds import AUDITED, AUDITED_CONTROLS, file_sha256, record
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.audit import controls, effects, figures, scores
 from fedcli.audit.progress import ProjectionProgress
+from fedcli.audit.inversion import InversionSettings
 from fedcli.audit.projection import ProjectionSettings, project
+from fedcli.audit.shared_attacks import run_attacks, shared_strategies
 from fedcli.config import AuditConfig, to_json
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
@@ -42,7 +46,7 @@ from fedcli.errors import UserError
 from fedcli.gan.kinds import load_generator, recorded_kind
 from fedcli.gan.perceptual import HUB_FILES, Perceptual
 from fedcli.locking import locked
-from fedcli.layout import BUFFER, GENERATOR_REFERENCE, audit_dir, gan_dir
+from fedcli.layout import BUFFER, GENERATOR_REFERENCE, attacks_dir, audit_dir, gan_dir
 from fedcli.replay.buffer import load_buffer_file, sample_buffer
 from fedcli.replay.groups import matched_groups
 from fedcli.replay.record import read_gan_config
@@ -123,10 +127,37 @@ def check_lpips(cfg: AuditConfig, saved: dict, node: str) -> None:
 
 @with_threads
 def run(cfg: AuditConfig) -> list[dict]:
+    """The nodes' generator audits; with --shared, also the attacks on what the federations shared (`audit`
+    returns both)."""
+    return audit(cfg)[0]
+
+
+@with_threads
+def audit(cfg: AuditConfig) -> tuple[list[dict], dict[str, dict]]:
+    """(each node's generator audit, each attacked strategy's attacks); --shared on an experiment where no node has
+    a generator runs the attacks alone."""
     manifest = Manifest.load(cfg.exp)
-    nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
-    with locked(cfg.exp, [audit_dir(cfg.exp, node) for node in nodes]):
-        return audit_nodes(cfg, manifest, nodes)
+    nodes = audited_nodes(cfg, manifest)
+    summaries = []
+    if not cfg.shared or any((gan_dir(cfg.exp, node) / "config.json").is_file() for node in nodes):
+        with locked(cfg.exp, [audit_dir(cfg.exp, node) for node in nodes]):
+            summaries = audit_nodes(cfg, manifest, nodes)
+    return summaries, attack(cfg) if cfg.shared else {}
+
+
+@with_threads
+def attack(cfg: AuditConfig) -> dict[str, dict]:
+    """The reconstruction attacks on what the federations shared (audit/shared_attacks.py), by strategy."""
+    manifest = Manifest.load(cfg.exp)
+    with locked(cfg.exp, [attacks_dir(cfg.exp, strategy) for strategy in shared_strategies(cfg.exp)]):
+        settings = InversionSettings(iterations=cfg.attack_iterations, restarts=cfg.attack_restarts)
+        seed = manifest["seed"] if cfg.seed is None else cfg.seed
+        return run_attacks(cfg.exp, manifest, audited_nodes(cfg, manifest), cfg.attack_images, settings, seed,
+                           Perceptual("alex", cfg.lpips_weights), cfg.overwrite)
+
+
+def audited_nodes(cfg: AuditConfig, manifest: Manifest) -> list[str]:
+    return [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
 
 
 def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[dict]:

@@ -92,7 +92,7 @@ def scanner_of(cfg: PartitionConfig, index: int) -> int:
 
 def node_entry(cfg: PartitionConfig, scheme: str, index: int, name: str, members: list[Sample],
                label_names: list[str]) -> dict:
-    train, test = split_node(name, members, label_names, cfg.test_fraction, cfg.folds, cfg.seed)
+    train, test = split_node(name, members, label_names, cfg.test_fraction, cfg.folds, cfg.seed, cfg.train_size)
     spec = acquisition.for_node(scanner_of(cfg, index)) if scheme == "site-shift" else None
     return {"name": name, "site": node_site(members), "acquisition": spec, "train": train, "test": test}
 
@@ -140,6 +140,7 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
         "site": cfg.site,
         "task": cfg.task if source.name == "isic2019" else None,
         "test_fraction": cfg.test_fraction,
+        **({"train_size": cfg.train_size} if cfg.train_size is not None else {}),
         "folds": cfg.folds,
         "alpha": cfg.alpha if scheme == "dirichlet" else None,
         **({"ks": cfg.ks} if scheme == "skew" else {}),

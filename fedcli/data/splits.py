@@ -52,8 +52,9 @@ def check_node(name: str, samples: list[Sample], label_names: list[str]) -> dict
 
 
 def split_node(name: str, samples: list[Sample], label_names: list[str], test_fraction: float, folds: int,
-               seed: int) -> tuple[list[dict], list[dict]]:
-    """Train records (with a `fold`) and test records of one node."""
+               seed: int, train_size: int | None = None) -> tuple[list[dict], list[dict]]:
+    """Train records (with a `fold`) and test records of one node; `train_size`: at most that many train
+    records, a class-stratified draw (`smaller_train`), the test records unchanged."""
     present = check_node(name, samples, label_names)
     t = per_class_test_size(len(samples), present, test_fraction)
     groups: dict[str, list[int]] = {}
@@ -72,9 +73,27 @@ def split_node(name: str, samples: list[Sample], label_names: list[str], test_fr
             if all(filled[c] >= t for c in present):
                 break
     train = [s for s, test in zip(samples, in_test) if not test]
+    if train_size is not None and train_size < len(train):
+        train = smaller_train(name, train, train_size, seed)
     fold_of = assign_folds(name, train, folds, seed)
     return ([{**s.record(), "fold": f} for s, f in zip(train, fold_of)],
             [s.record() for s, test in zip(samples, in_test) if test])
+
+
+def smaller_train(name: str, train: list[Sample], size: int, seed: int) -> list[Sample]:
+    """`size` of the train samples, each class keeping its share (largest remainders round), drawn by a stream
+    keyed by the node, in their original order: a smaller hospital with the same case mix."""
+    counts = Counter(s.label for s in train)
+    exact = {c: size * n / len(train) for c, n in counts.items()}
+    quota = {c: int(v) for c, v in exact.items()}
+    for c in sorted(exact, key=lambda c: (quota[c] - exact[c], c))[:size - sum(quota.values())]:
+        quota[c] += 1
+    kept = np.zeros(len(train), dtype=bool)
+    for i in numpy_stream(seed, "train-size", name).permutation(len(train)):
+        if quota[train[i].label] > 0:
+            quota[train[i].label] -= 1
+            kept[i] = True
+    return [s for s, keep in zip(train, kept) if keep]
 
 
 def assign_folds(name: str, train: list[Sample], folds: int, seed: int) -> list[int]:

@@ -144,7 +144,7 @@ class Batches:
         for _ in range(settings.epochs):
             epoch = primary_draws.take(self.epoch_size)
             for start, end in bounds:
-                index = epoch[start:end]
+                index = self.drawn = epoch[start:end]  # the primary images' positions, for an audit's record
                 images, labels = primary.images[index], primary.labels[index]
                 n_primary = len(index)
                 if replayer is not None:

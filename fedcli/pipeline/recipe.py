@@ -20,8 +20,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedcli.config import (RECIPE_TABLES, AuditConfig, GanConfig, Metric, PartitionConfig, ReportConfig, coerce,
-                           read_recipe, stage_values)
+from fedcli.config import (ATTACK_OPTIONS, RECIPE_TABLES, AuditConfig, GanConfig, Metric, PartitionConfig,
+                           ReportConfig, coerce, read_recipe, stage_values)
 from fedcli.errors import UserError
 from fedcli.fl.federate_config import FederateConfig, select_keys, varies_for
 from fedcli.fl.strategies import REGISTRY
@@ -70,6 +70,7 @@ class Recipe:
     stages: dict[str, dict[str, Any]]  # table -> {field name: checked value}
     sweep: dict[tuple[str, str], list[Any]]  # (table, field name) -> values
     select: dict[str, Any]  # grid lists by field name, plus folds and metric
+    regime: dict[str, Any] = dataclasses.field(default_factory=dict)  # "rule" and "grid" ((table, name) -> values)
 
     @classmethod
     def load(cls, path: Path, sets: list[str] = (), threads: int | None = None) -> Recipe:
@@ -85,8 +86,8 @@ class Recipe:
             values = stage_values(config, table, raw.get(table, {}), origin, NOT_IN_RECIPE)
             check_run_keys(table, values, origin)
             stages[table] = values
-        recipe = cls(Path(path), stages, parse_sweep(raw.get("sweep", {}), origin), parse_select(raw.get("select", {}),
-                                                                                                 origin))
+        recipe = cls(Path(path), stages, parse_sweep(raw.get("sweep", {}), origin),
+                     parse_select(raw.get("select", {}), origin), parse_regime(raw.get("regime", {}), origin))
         recipe.check(origin)
         return recipe
 
@@ -95,7 +96,12 @@ class Recipe:
         both = sorted({name for table, name in self.sweep if table == "federate"} & set(self.select))
         if both:
             raise UserError(f"{origin}: federate.{both[0]} is both swept and selected; keep it in one of the two")
-        for point in self.points():
+        fixed = sorted(set(self.regime.get("grid", {})) & {(t, n) for t, n, _ in
+                                                            (v for p in self.points() for v in p.values)})
+        if fixed:
+            raise UserError(f"{origin}: {fixed[0][0]}.{fixed[0][1].replace('_', '-')} is both in [regime] and swept; "
+                            "the regime fixes it for every sub-experiment: keep it in one of the two")
+        for point in [*self.points(), *self.regime_points()]:
             try:
                 configs = self.configs(point, Path("."))
             except UserError as exc:
@@ -118,37 +124,36 @@ class Recipe:
 
     def points(self) -> list[Point]:
         """The sweep's sub-experiments in a fixed order; one unnamed point without a sweep."""
-        if not self.sweep:
-            return [Point("", ())]
-        keys = list(self.sweep)
-        short = [name for _, name in keys]
-        points: dict[str, Point] = {}  # by case-folded name: folder names some file systems fold
-        for combo in itertools.product(*(self.sweep[k] for k in keys)):
-            name = key_values((n if short.count(n) == 1 else f"{t}.{n}", v.name if isinstance(v, Variant) else v)
-                              for (t, n), v in zip(keys, combo))
-            point = Point(name, tuple(value for (t, n), v in zip(keys, combo)
-                                      for value in (v.values if isinstance(v, Variant) else ((t, n, v),))))
-            check_point_name(point, points.get(name.casefold()))
-            points[name.casefold()] = point
-        return list(points.values())
+        return grid_points(self.sweep)
+
+    def regime_points(self) -> list[Point]:
+        """The [regime] grid's settings in the order they are tried (the first key varies slowest)."""
+        return grid_points(self.regime["grid"]) if self.regime else []
+
+    def with_values(self, values: tuple[tuple[str, str, Any], ...]) -> Recipe:
+        """This recipe with `values` set in its stage tables (the chosen regime, for every sub-experiment)."""
+        return dataclasses.replace(self, stages=Point("", values).tables(self.stages))
+
 
     def asks_for_generators(self, point: Point) -> bool:
-        """Whether the recipe sets a [train_gan] or [audit] option for `point` (beyond --threads): it wants
-        generators trained and audited even where no strategy reads their buffers."""
-        return any(name != "threads" for table in ("train_gan", "audit")
-                   for name in point.tables(self.stages)[table])
+        """Whether the recipe sets a [train_gan] or [audit] option for `point` (beyond --threads and the options only
+        the attacks on shared data read): it wants generators trained and audited even where no strategy reads
+        their buffers."""
+        return any(name != "threads" and name.replace("-", "_") not in ATTACK_OPTIONS
+                   for table in ("train_gan", "audit") for name in point.tables(self.stages)[table])
 
     def units(self) -> int:
         """Units of work `fedcli run` may start: per sub-experiment partition, train-gan and audit-privacy (where
-        generators are wanted), each strategy's final run plus its [select] grid points times folds; and the
-        report."""
+        generators are wanted), the attacks on shared data (with --shared), each strategy's final run plus its
+        [select] grid points times folds; and the report."""
         total = 1
         for point in self.points():
             configs = self.configs(point, Path("."))
             folds = (self.select["folds"] or configs["partition"].folds) if self.select else 0
             strategies = configs["federate"].strategy
             generators = self.asks_for_generators(point) or any(REGISTRY[s].needs_buffers for s in strategies)
-            total += 1 + 2 * generators + sum(1 + len(self.grid(s)) * folds for s in strategies)
+            total += 1 + 2 * generators + configs["audit"].shared + sum(1 + len(self.grid(s)) * folds
+                                                                        for s in strategies)
         return total
 
     def check_size(self, yes: bool) -> None:
@@ -303,3 +308,39 @@ def parse_select(table: dict[str, Any], origin: str) -> dict[str, Any]:
     if not any(k in select for k in select_keys()):
         raise UserError(f"{origin}: [select] needs at least one grid list ({', '.join(select_keys())})")
     return select
+
+
+def grid_points(axes: dict[tuple[str, str], list[Any]]) -> list[Point]:
+    """Every combination of the axes' values (the first axis varies slowest), named by its values; one unnamed
+    point without axes."""
+    if not axes:
+        return [Point("", ())]
+    keys = list(axes)
+    short = [name for _, name in keys]
+    points: dict[str, Point] = {}  # by case-folded name: folder names some file systems fold
+    for combo in itertools.product(*(axes[k] for k in keys)):
+        name = key_values((n if short.count(n) == 1 else f"{t}.{n}", v.name if isinstance(v, Variant) else v)
+                          for (t, n), v in zip(keys, combo))
+        point = Point(name, tuple(value for (t, n), v in zip(keys, combo)
+                                  for value in (v.values if isinstance(v, Variant) else ((t, n, v),))))
+        check_point_name(point, points.get(name.casefold()))
+        points[name.casefold()] = point
+    return list(points.values())
+
+
+def parse_regime(table: dict[str, Any], origin: str) -> dict[str, Any]:
+    """`[regime]`: the rule's threshold and the grid of partition and train-gan settings, tried in order."""
+    if not table:
+        return {}
+    from fedcli.audit.regime import THRESHOLD, Rule
+
+    table = dict(table)
+    threshold = coerce(table.pop("threshold", THRESHOLD), float, f"{origin}: regime.threshold")
+    if not 0.5 <= threshold < 1:
+        raise UserError(f"{origin}: regime.threshold must be at least 0.5 (chance) and below 1, got {threshold}")
+    grid = parse_sweep(table, f"{origin} [regime]")
+    outside = sorted(f"{t}.{n.replace('_', '-')}" for t, n in grid if t not in ("partition", "train_gan"))
+    if outside or not grid:
+        raise UserError(f"{origin}: [regime] needs grid lists of partition and train_gan options (what the generator "
+                        f"sees and how long it trains){', not ' + outside[0] if outside else ''}")
+    return {"rule": Rule(threshold), "grid": grid}

@@ -28,8 +28,11 @@ from typing import Any
 import numpy as np
 
 from fedcli import console
-from fedcli.config import GAN_ENGINE_OPTIONS, LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
+from fedcli.artifacts import write_json
+from fedcli.config import ATTACK_OPTIONS, GAN_ENGINE_OPTIONS, LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
+from fedcli.audit.shared_attacks import may_share
 from fedcli.data.manifest import Manifest
+from fedcli.errors import UserError
 from fedcli.fl.federate_config import FederateConfig, inapplicable, resolved_options
 from fedcli.fl.strategies import REGISTRY
 from fedcli.gan.kinds import generator_kind
@@ -37,6 +40,8 @@ from fedcli.locking import locked
 from fedcli.pipeline.ledger import Ledger, fingerprint
 from fedcli.pipeline.recipe import NOT_FINGERPRINTED, Point, Recipe
 from fedcli.subexperiments import key_values
+
+REGIME_FILE = "regime.json"  # <exp>/regime/: the [regime] sweep's readings and choice
 
 class Runner:
     def __init__(self, recipe: Recipe, exp: Path, dry_run: bool = False):
@@ -53,6 +58,10 @@ class Runner:
     def run(self) -> Counter[str]:
         """Every unit, with the whole experiment locked (a second `fedcli run` on it is refused at once)."""
         with contextlib.nullcontext() if self.dry_run else locked(self.exp, [self.exp]):
+            if not self.recipe.regime and not self.dry_run:
+                remove(self.exp / "regime")  # a regime the recipe no longer asks for must not linger in the report
+            if self.recipe.regime and not self.choose_regime():
+                return self.statuses
             points = self.recipe.points()
             for point in points:
                 self.run_point(point)
@@ -64,8 +73,10 @@ class Runner:
             self.unit(self.exp, "", "report", fp, "report", lambda: report_run(report), stale=remade)
         return self.statuses
 
-    def run_point(self, point: Point) -> None:
-        folder = self.exp / "runs" / point.name if point.name else self.exp
+    def run_point(self, point: Point, folder: Path | None = None, regime: bool = False) -> bool:
+        """One sub-experiment's units (`regime`: a [regime] setting's: partition, train-gan and the generator audit
+        only). Returns whether the generator audit's output is there to read."""
+        folder = folder or (self.exp / "runs" / point.name if point.name else self.exp)
         if not self.dry_run:
             folder.mkdir(parents=True, exist_ok=True)
             Ledger(folder).set_point([list(v) for v in point.values])
@@ -74,14 +85,17 @@ class Runner:
         p_fp = fingerprint("partition", plain(part), [])
         self.unit(folder, point.name, "partition", p_fp, "partition",
                   lambda: stage_run("fedcli.data.partition", part, reserved=REGISTRY.reserved_names()))
+        strategies = () if regime else fed.strategy
         if not self.dry_run:
-            self.prune_point(folder, fed)
-        generators = self.recipe.asks_for_generators(point) or any(REGISTRY[s].needs_buffers for s in fed.strategy)
+            self.prune_point(folder, strategies, audit.shared and not regime)
+        generators = regime or self.recipe.asks_for_generators(point) or any(REGISTRY[s].needs_buffers
+                                                                             for s in strategies)
         g_fp = fingerprint("train-gan", plain(gan, GAN_ENGINE_OPTIONS), [p_fp])
         if generators:
             self.unit(folder, point.name, "train-gan", g_fp, "gan",
                       lambda: stage_run("fedcli.gan.stage", gan, keep_finished=True))
-        for strategy in fed.strategy:
+        federated: list[str] = []  # the fingerprints of the federations an attack on shared data may read
+        for strategy in strategies:
             upstream = [p_fp, g_fp] if REGISTRY[strategy].needs_buffers else [p_fp]
             chosen, select_fps = self.select(folder, point.name, fed, strategy, upstream, part.folds)
             if chosen is None:
@@ -91,28 +105,68 @@ class Runner:
                 continue
             cfg = dataclasses.replace(fed, strategy=(strategy,), **chosen)
             fp = fingerprint(f"federate:{strategy}", federate_key(cfg), upstream + select_fps)
+            if may_share(strategy):
+                federated.append(fp)
             self.unit(folder, point.name, f"federate {strategy}", fp, f"federate/{strategy}",
                       lambda cfg=cfg: federate_run(cfg))
+        if audit.shared and not regime and federated:
+            fp = fingerprint("audit-privacy --shared", {k: v for k, v in plain(audit).items()
+                                                        if k in ATTACK_OPTIONS | {"node", "seed", "lpips_weights"}},
+                             [p_fp, *federated])
+            self.unit(folder, point.name, "audit-privacy --shared", fp, "attacks", lambda: attacks_run(audit))
         if not generators:
             console.out.print(f"{point.name + ': ' if point.name else ''}train-gan and audit-privacy: not run, no "
                               "strategy reads a buffer and the recipe sets no [train_gan] or [audit]", soft_wrap=True,
                               markup=False)
-            return
+            return False
         if not getattr(generator_kind(gan.generator), "projectable", True):  # the audit inverts GANs only
+            if regime:
+                raise UserError(f"[regime] reads the generator audit, which a {gan.generator} generator has no latent "
+                                "for; use train_gan.generator = \"stylegan2\" there")
             console.out.print(f"{point.name + ': ' if point.name else ''}audit-privacy: not run, a {gan.generator} "
                               "generator has no latent to project", soft_wrap=True)
-            return
-        a_fp = fingerprint("audit-privacy", plain(audit), [p_fp, g_fp])
-        self.unit(folder, point.name, "audit-privacy", a_fp, "audit", lambda: stage_run("fedcli.audit.stage", audit))
+            return False
+        a_fp = fingerprint("audit-privacy", plain(audit, ATTACK_OPTIONS), [p_fp, g_fp])
+        return self.unit(folder, point.name, "audit-privacy", a_fp, "audit",
+                         lambda: stage_run("fedcli.audit.stage", dataclasses.replace(audit, shared=False)))
 
-    def prune_point(self, folder: Path, fed: FederateConfig) -> None:
+    def prune_point(self, folder: Path, strategies: tuple[str, ...], shared: bool) -> None:
         """Outputs of a sub-experiment that its recipe no longer makes go."""
         nodes = set(Manifest.load(folder).node_names)
         for stage_dir in ("gan", "audit"):  # a node an earlier partition had must not linger in the report
             prune(folder / stage_dir, keep=nodes)
-        prune(folder / "federate", keep=set(fed.strategy) | {"cv"})
-        prune(folder / "select", keep={key_values(v.items()) for s in fed.strategy for v in self.recipe.grid(s)}
+        prune(folder / "federate", keep=set(strategies) | {"cv"})
+        prune(folder / "attacks", keep=set(strategies) if shared else set())
+        prune(folder / "select", keep={key_values(v.items()) for s in strategies for v in self.recipe.grid(s)}
               if self.recipe.select else set())
+
+    def choose_regime(self) -> bool:
+        """The [regime] grid's settings in order, each partitioned, trained and audited in `<exp>/regime/<name>`,
+        until one meets the rule (audit/regime.py); its values then hold for every sub-experiment. Returns False when
+        a dry run cannot know the choice yet; raises when no setting meets the rule, after saying so in
+        `<exp>/regime/regime.json`."""
+        from fedcli.audit.regime import outcome, readings
+
+        rule, points = self.recipe.regime["rule"], self.recipe.regime_points()
+        swept: list[tuple[str, list[dict]]] = []
+        for point in points:
+            folder = self.exp / "regime" / point.name
+            if not self.run_point(point, folder, regime=True):
+                console.out.print("regime: the sub-experiments wait on the regime's choice", soft_wrap=True)
+                return False
+            swept.append((point.name, readings(folder / "audit", Manifest.load(folder).node_names)))
+            if rule.met(swept[-1][1]):
+                break
+        result = outcome(swept, rule, len(points))
+        console.out.print(result["said"], soft_wrap=True, markup=False)
+        if not self.dry_run:
+            prune(self.exp / "regime", keep={p.name for p in points} | {REGIME_FILE})
+            write_json(self.exp / "regime" / REGIME_FILE, result)
+        if result["chosen"] is None:
+            raise UserError(f"{result['said']}: the methods would be compared where nothing leaks; widen [regime] "
+                            f"(fewer images per node, more iterations), see {self.exp / 'regime' / REGIME_FILE}")
+        self.recipe = self.recipe.with_values(next(p for p in points if p.name == result["chosen"]).values)
+        return True
 
     def select(self, folder: Path, label: str, fed: FederateConfig, strategy: str, upstream: list[str],
                partition_folds: int) -> tuple[dict[str, Any] | None, list[str]]:
@@ -162,7 +216,7 @@ class Runner:
             console.out.print(f"removing {stale}: no longer in the recipe's sweep")
             remove(stale)
         ledger = Ledger(self.exp)
-        for stage_dir in ("partition", "gan", "federate", "audit", "select"):
+        for stage_dir in ("partition", "gan", "federate", "audit", "attacks", "select"):
             remove(self.exp / stage_dir)
         for unit in [u for u in ledger.data["units"] if u != "report"]:
             ledger.forget(unit)
@@ -287,6 +341,13 @@ def stage_run(module: str, cfg, **extra) -> None:
     """A stage's `run`, replacing a stale output only when it succeeds. Partition is given the names no node may
     take; train-gan keeps the nodes an interrupted run finished with the same config."""
     importlib.import_module(module).run(dataclasses.replace(cfg, overwrite=True), **extra)
+
+
+def attacks_run(cfg) -> None:
+    """`audit-privacy --shared`'s attacks alone (the generator audit is its own unit)."""
+    from fedcli.audit.stage import attack
+
+    attack(dataclasses.replace(cfg, overwrite=True))
 
 
 def federate_run(cfg) -> None:

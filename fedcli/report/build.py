@@ -16,7 +16,7 @@ from fedcli.config import METRIC_COLUMNS, ReportConfig
 from fedcli.devices import with_threads
 from fedcli.layout import report_dir
 from fedcli.locking import locked
-from fedcli.report import calibration, few_labels, figures, study
+from fedcli.report import calibration, few_labels, figures, frontier, study
 from fedcli.report.collect import SubExperiment, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.study import Missing, ReportTable
@@ -127,6 +127,16 @@ def run(cfg: ReportConfig) -> Report:
         if len(w.lines) > before:
             w.lines[before:before] = ["## Across the sweep", ""]
         w.lines += ["## Privacy", ""]
+        if (Path(cfg.exp) / "regime" / "regime.json").is_file():
+            w.table(frontier.regime_table(cfg.exp))
+        w.table(frontier.frontier_table(subs, metric))
+        if frontier.frontier_figure(subs, metric, out / "figures" / "privacy_frontier.png"):
+            w.figure("privacy_frontier.png", f"Privacy against {cfg.metric}: membership and reconstruction per method "
+                     "(mean ± std over nodes and seeds)")
+        attacked = next((s for s in subs if s.attacks), None)
+        for strategy in attacked.attacks if attacked is not None else ():
+            w.copy_figure(attacked.folder / "attacks" / strategy / "reconstructions.png",
+                          f"attacks_{strategy}.png", f"{strategy}: what a white-box attacker rebuilds from what it saw")
         for label, reps in groups.items():
             w.table(study.privacy_table(reps), label if len(groups) > 1 else "")
             w.table(study.controls_table(reps), label if len(groups) > 1 else "")

@@ -84,6 +84,7 @@ class SubExperiment:
     gans: list[dict]
     audits: list[dict]
     stale: list[Stale] = dataclasses.field(default_factory=list)
+    attacks: dict[str, dict] = dataclasses.field(default_factory=dict)  # strategy -> its shared data's attacks
 
     @property
     def nodes(self) -> list[str]:
@@ -100,7 +101,7 @@ class SubExperiment:
 
     @property
     def empty(self) -> bool:
-        return not (self.manifest or self.runs or self.cv_runs or self.gans or self.audits)
+        return not (self.manifest or self.runs or self.cv_runs or self.gans or self.audits or self.attacks)
 
 
 def load_json(path: Path) -> dict:
@@ -158,7 +159,9 @@ def load_sub(folder: Path) -> SubExperiment:
     gans = [load_json(p / CONFIG) for p in finished(folder / "gan") if current(p)]
     audits = [load_json(p / "summary.json") for p in finished(folder / "audit")
               if (p / "summary.json").is_file() and current(p)]
-    return SubExperiment(folder, point_values(folder), manifest, runs, cv_runs, gans, audits, stale)
+    attacks = {p.name: load_json(p / "summary.json") for p in finished(folder / "attacks")
+               if (p / "summary.json").is_file() and current(p)}
+    return SubExperiment(folder, point_values(folder), manifest, runs, cv_runs, gans, audits, stale, attacks)
 
 
 def load_experiment(exp: Path) -> list[SubExperiment]:

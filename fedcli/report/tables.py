@@ -183,3 +183,21 @@ def audit_table(summaries: list[dict]) -> Table:
                       f"{rebuilt['members']:.2f}/{rebuilt['non_members']:.2f}", f"{s['buffer']['dcr_share']:.3f}",
                       s["verdict"]["result"])
     return table
+
+
+def attacks_table(attacked: dict[str, dict]) -> Table:
+    """Per strategy, node and attack: the reconstructions' mean PSNR, SSIM and LPIPS against their originals (and
+    against the nearest other real image), and the share closer to their own patient than to anyone else."""
+    table = Table(title="reconstruction attacks on what each federation shared (white box; mean over images; "
+                        "reconstructed = closer to its own image than to every other)")
+    for column in ("strategy", "node", "attack", "batch", "PSNR (other)", "SSIM (other)", "LPIPS (other)",
+                   "reconstructed [SSIM]"):
+        table.add_column(column, justify="left" if column in ("strategy", "node", "attack") else "right")
+    for strategy, summary in attacked.items():
+        for r in summary["attacks"]:
+            share = r["reconstructed"]["ssim"]
+            table.add_row(strategy, r["node"], r["attack"], str(r["batch"]),
+                          *(f"{r[f'{s}_mean']:.{d}f} ({r[f'{s}_nearest_other_mean']:.{d}f})"
+                            for s, d in (("psnr", 1), ("ssim", 3), ("lpips", 3))),
+                          f"{share['share']:.2f} [{share['ci_low']:.2f}-{share['ci_high']:.2f}]")
+    return table

@@ -13,7 +13,8 @@ model, which every node builds alike, so it does not travel.
 
 What travels: the encoder (round 0, to every other node), the head to the server when it is not the encoder
 node, and each node's latents once (N x C x H x W x 4 bytes and 8 N for the labels, plus the safetensors
-header). Kept for an audit (`shared/latents.safetensors`): the first 256 latents of each node, with labels.
+header). Kept for an audit (`shared/latents.safetensors`): the first 256 latents of each node, with labels, the node's
+index in the partition's order and each latent's position in that node's training set (`index`).
 The server keeps every node's latents in its checkpoint part, so a resumed run does not upload them again.
 """
 
@@ -133,10 +134,11 @@ class FedReplay(Strategy):
     def kept(self) -> dict[str, dict[str, torch.Tensor]]:
         if self.latents is None:
             return {}
-        kept = torch.cat([torch.nonzero(self.owners == i).flatten()[:KEPT_PER_NODE]
-                          for i in range(int(self.owners.max()) + 1)]) if len(self.owners) else self.owners
+        rows = [torch.nonzero(self.owners == i).flatten()[:KEPT_PER_NODE] for i in range(int(self.owners.max()) + 1)] \
+            if len(self.owners) else [self.owners]
+        kept = torch.cat(rows)
         return {LATENTS: {"latents": self.latents.images[kept].contiguous(), "labels": self.latents.labels[kept],
-                          "node": self.owners[kept]}}
+                          "node": self.owners[kept], "index": torch.cat([torch.arange(len(r)) for r in rows])}}
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         held = {f"{LATENTS}:{self.server}": {"latents": self.latents.images, "labels": self.latents.labels,

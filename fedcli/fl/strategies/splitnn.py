@@ -12,18 +12,21 @@ under any strategy; the server's top takes a step for every node's batch.
 
 What travels: per batch, the activations with their labels (b x C x H x W x 4 + 8 b bytes) up and their
 gradient (b x C x H x W x 4) down; per turn, the bottom's weights to the next node. Kept for an audit
-(`shared/activations.safetensors`): each node's first batch of its last turn, its activations, labels and
-gradients.
+(`shared/activations.safetensors`): each node's first batch of its last turn: the activations, labels and
+gradients the server saw, and, recorded by the node, the batch's positions in its training set (`index`) and the
+bottom's weights and statistics that computed them (`bottom/...`, the white-box attacker's encoder).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 
 from fedcli.fl.local import Batches, batch_bounds
+from fedcli.fl.objectives import Batch
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.split_training import Link, train_split
 from fedcli.fl.strategies.base import Declaration
@@ -57,7 +60,7 @@ class SplitLearning(CyclicWeightTransfer):
         self.server = self.options.server_node or fed.nodes[-1]
         self.shape = cut_shape(self.bottom, fed.data.image_shape)
         self.sizes = fed.train_sizes()  # every rank, before any turn: the server counts each node's steps
-        self.sample: dict[str, torch.Tensor] = {}
+        self.samples: dict[str, dict[str, torch.Tensor]] = {}  # by the node that recorded them (its rank has them)
 
     def travelling(self):
         return self.bottom
@@ -68,14 +71,20 @@ class SplitLearning(CyclicWeightTransfer):
             return
         settings = fed.trainer.settings(node, round_, epochs)
         steps = epochs * (settings.epoch_steps or len(batch_bounds(self.sizes[node], settings.batch)))
-        batches = Batches(fed.data.train[node], None, settings, torch_stream(fed.seed, node, round_, "local-train")) \
-            if at_node else None
+        batches = None
+        if at_node:
+            bottom = {f"{node}/bottom/{k}": v.detach().cpu().clone() for k, v in self.bottom.state_dict().items()}
+            batches = first_recorded(Batches(fed.data.train[node], None, settings,
+                                             torch_stream(fed.seed, node, round_, "local-train")),
+                                     lambda index: self.samples.setdefault(node, {}).update(
+                                         bottom | {f"{node}/index": index.clone()}))
         link = Link(fed.transport, round_, node, self.server, self.shape, fed.data.num_classes)
 
         def keep(step: int, activations: torch.Tensor, labels: torch.Tensor, gradient: torch.Tensor) -> None:
             if step == 0:
-                self.sample |= {f"{node}/activations": activations.cpu().contiguous(), f"{node}/labels": labels.cpu(),
-                              f"{node}/gradients": gradient.cpu().contiguous()}
+                self.samples.setdefault(self.server, {}).update({
+                    f"{node}/activations": activations.cpu().contiguous(), f"{node}/labels": labels.cpu(),
+                    f"{node}/gradients": gradient.cpu().contiguous()})
 
         train_split(self.bottom if at_node else None, self.top if at_server else None, batches, steps, settings, link,
                     fed.trainer.device, on_step=keep)
@@ -93,14 +102,24 @@ class SplitLearning(CyclicWeightTransfer):
         return self.server
 
     def kept(self) -> dict[str, dict[str, torch.Tensor]]:
-        return {KEPT: dict(self.sample)} if self.sample else {}
+        merged = {k: v for sample in self.samples.values() for k, v in sample.items()}
+        return {KEPT: merged} if merged else {}
 
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
-        return super().state() | ({f"{KEPT}:{self.server}": dict(self.sample)} if self.sample else {})
+        return super().state() | {f"{KEPT}:{owner}": dict(sample) for owner, sample in self.samples.items()}
 
     def load_state(self, fed: "Federation", states: dict[str, dict[str, torch.Tensor]]) -> None:
         super().load_state(fed, {KEY: states[KEY]})
-        self.sample = dict(states.get(f"{KEPT}:{self.server}", {}))
+        self.samples = {key.removeprefix(f"{KEPT}:"): dict(sample) for key, sample in states.items()
+                        if key.startswith(f"{KEPT}:")}
+
+
+def first_recorded(batches: Batches, record) -> Iterator[Batch]:
+    """`batches`, calling `record` with the first batch's positions in the training set as it is drawn."""
+    for i, batch in enumerate(batches):
+        if i == 0:
+            record(batches.drawn)
+        yield batch
 
 
 DECLARED = (

@@ -1,0 +1,299 @@
+"""`audit-privacy --shared`: reconstruction attacks on what each federation in `<exp>/federate` shared besides
+synthetic images, white box (the attacker holds the network that computed what it saw), as the journal version of
+the generative-replay study attacks FedReplay (Qu et al.: 20,000 AdamW iterations; `--attack-iterations` caps them
+for the CPU, with `--attack-restarts` starts per image instead).
+
+- FedReplay's uploaded latents (`shared/latents.safetensors`): model inversion through the frozen encoder (the
+  published model's bottom up to the cut, which every node received), eval mode, the first `--attack-images`
+  latents of each node.
+- SplitNN's cut-layer activations (`shared/activations.safetensors`): model inversion through the bottom as it
+  was at that step, in training mode (BatchNorm normalised by the batch, as when the activations were computed),
+  the whole batch jointly.
+- One local step's gradient under a model-averaging strategy (one whose nodes' models meet in an all-reduce):
+  Geiping et al.'s gradient inversion at batch 1, 4 and 8 of each node's first training images, on the published
+  global model in training mode, as the reference study sets it; batch 1's label read off the bias gradient
+  (iDLG), larger batches' labels given (Geiping et al.'s assumption). What a peer sees of a whole round is less:
+  fedcli's all-reduce hands every node only the weighted sum of all updates, so with more than two nodes no
+  single node's update is visible to anyone (summary.json says so); with two, a peer recovers the other's by
+  subtracting its own. That round update is attacked too, for the first round, whose start every node knows (the
+  common initial model): minus the first node's update (`shared/updates`) taken as the gradient of the mean loss
+  over all of its training images at the start, with their labels (Geiping et al.'s approximation of a multi-step
+  update; local Adam steps make it a loose one), at most ROUND_UPDATE_IMAGES images.
+- A batch's reconstructions come out in no particular order: each is scored against the original the assignment
+  of least total squared error gives it (Hungarian; Geiping et al. reorder so).
+
+Each reconstruction is scored against its original and against the nearest real image of its node outside the
+attacked set (PSNR, SSIM and LPIPS, audit/scores.py): "reconstructed" means closer to that patient than to any
+other. Writes `<exp>/attacks/<strategy>/`: reconstructions.csv, summary.json, reconstructions.png, config.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+
+from fedcli.artifact_kinds import file_sha256, record_files
+from fedcli.artifacts import (check_output_free, load_tensors, provenance, read_json, staged_output, write_csv,
+                              write_json)
+from fedcli.audit import figures, inversion, scores
+from fedcli.audit.effects import clopper_pearson
+from fedcli.data.dataset import NodeDataset, to_float
+from fedcli.data.manifest import Manifest
+from fedcli.errors import UserError
+from fedcli.fl.strategies import REGISTRY
+from fedcli.layout import attacks_dir, federate_dir
+from fedcli.models.classifier import build_classifier
+from fedcli.models.cuts import split
+from fedcli.rng import stream_seed, torch_stream
+
+GRADIENT_BATCHES = (1, 4, 8)  # the reference study's
+ROUND_UPDATE_IMAGES = 128  # a round update over more images is not attacked (the inversion's cost grows with them)
+SCORES = ("psnr", "ssim", "lpips")
+
+
+@dataclasses.dataclass
+class Attack:
+    """One attack on one node's shared data: what the attacker rebuilt, and the real images it came from."""
+
+    node: str
+    attack: str  # "latents", "activations", "gradient", "round update"
+    batch: int  # images attacked jointly
+    index: torch.Tensor  # positions in the node's training set
+    reconstructions: torch.Tensor  # [-1, 1]
+    seconds: float
+
+    @property
+    def unordered(self) -> bool:
+        """Whether its reconstructions come in no particular order (a gradient's batch)."""
+        return self.attack in ("gradient", "round update") and self.batch > 1
+
+
+ATTACKED_TRANSFERS = ("latents", "activations", "all-reduce")
+
+
+def may_share(strategy: str) -> bool:
+    """Whether a strategy sends something these attacks read: latents, activations, or models to an all-reduce."""
+    return any(kind in REGISTRY[strategy].transfers for kind in ATTACKED_TRANSFERS)
+
+
+def shared_strategies(exp: Path) -> list[str]:
+    """The federated strategies whose outputs an attack reads, in the registry's order."""
+    return [name for name in REGISTRY.names() if may_share(name) and attackable(exp, name)]
+
+
+def attackable(exp: Path, strategy: str) -> bool:
+    shared = federate_dir(exp, strategy) / "shared"
+    return (shared / "latents.safetensors").is_file() or (shared / "activations.safetensors").is_file() \
+        or ("all-reduce" in REGISTRY[strategy].transfers
+            and (federate_dir(exp, strategy) / "models" / f"{REGISTRY[strategy].model_key}.safetensors").is_file())
+
+
+def federate_config(exp: Path, strategy: str, manifest: Manifest) -> dict:
+    folder = federate_dir(exp, strategy)
+    meta = read_json(folder / "config.json", f"config of strategy {strategy}")
+    if (meta.get("inputs") or {}).get("manifest") != manifest.content_hash:
+        raise UserError(f"strategy {strategy} was trained on an earlier partition of {exp}; re-run fedcli federate "
+                        f"--exp {exp} --strategy {strategy} --overwrite before auditing what it shared")
+    if len(meta["config"]["model"]) != 1:
+        raise UserError(f"strategy {strategy} trained several architectures ({', '.join(meta['config']['model'])}); "
+                        "the shared-data attacks need one: audit a run with one --model")
+    return meta["config"]
+
+
+def global_model(exp: Path, strategy: str, config: dict, manifest: Manifest) -> nn.Module:
+    model = build_classifier(config["model"][0], manifest["channels"], manifest.num_classes, init_seed=0)
+    path = federate_dir(exp, strategy) / "models" / f"{REGISTRY[strategy].model_key}.safetensors"
+    model.load_state_dict(load_tensors(path, f"{strategy}'s published model"))
+    return model
+
+
+def attack_latents(exp: Path, strategy: str, config: dict, manifest: Manifest, nodes: list[str], images: int,
+                   settings: inversion.InversionSettings, seed: int) -> list[Attack]:
+    kept = load_tensors(federate_dir(exp, strategy) / "shared" / "latents.safetensors", f"{strategy}'s latents")
+    encoder, _ = split(global_model(exp, strategy, config, manifest), config["model"][0], config["cut"])
+    attacks = []
+    for node in nodes:
+        rows = torch.nonzero(kept["node"] == manifest.node_names.index(node)).flatten()[:images]
+        index = kept["index"][rows]
+        started = time.perf_counter()
+        rebuilt = inversion.invert_features(encoder, kept["latents"][rows], image_shape(manifest), settings,
+                                            [torch_stream(seed, node, "attack", strategy, int(i)) for i in index])
+        attacks.append(Attack(node, "latents", 1, index, rebuilt, time.perf_counter() - started))
+    return attacks
+
+
+def attack_activations(exp: Path, strategy: str, config: dict, manifest: Manifest, nodes: list[str],
+                       settings: inversion.InversionSettings, seed: int) -> list[Attack]:
+    kept = load_tensors(federate_dir(exp, strategy) / "shared" / "activations.safetensors",
+                        f"{strategy}'s activations")
+    attacks = []
+    for node in [n for n in nodes if f"{n}/index" in kept]:
+        bottom, _ = split(build_classifier(config["model"][0], manifest["channels"], manifest.num_classes,
+                                           init_seed=0), config["model"][0], config["cut"])
+        prefix = f"{node}/bottom/"
+        bottom.load_state_dict({k.removeprefix(prefix): v for k, v in kept.items() if k.startswith(prefix)})
+        index = kept[f"{node}/index"]
+        started = time.perf_counter()
+        rebuilt = inversion.invert_features(bottom, kept[f"{node}/activations"], image_shape(manifest), settings,
+                                            [torch_stream(seed, node, "attack", strategy, int(i)) for i in index],
+                                            batch_statistics=True)
+        attacks.append(Attack(node, "activations", len(index), index, rebuilt, time.perf_counter() - started))
+    return attacks
+
+
+def attack_gradients(exp: Path, strategy: str, config: dict, manifest: Manifest, nodes: list[str],
+                     settings: inversion.InversionSettings, seed: int) -> tuple[list[Attack], list[str]]:
+    """One local step's gradient at each batch size and node, and the first round's update of a two-node
+    federation; with the reasons a round update was not attacked."""
+    model = global_model(exp, strategy, config, manifest).train()
+    attacks, notes = [], []
+    for node in nodes:
+        train = NodeDataset(manifest, node, "train")
+        for batch in [b for b in GRADIENT_BATCHES if b <= len(train)]:
+            index = torch.arange(batch)
+            observed = inversion.batch_gradient(model, to_float(train.images[index]), train.labels[index])
+            labels = inversion.labels_from_bias_gradient(observed[-1]) if batch == 1 else train.labels[index]
+            started = time.perf_counter()
+            rebuilt = inversion.invert_gradient(model, observed, labels, image_shape(manifest), settings,
+                                                torch_stream(seed, node, "attack", strategy, "gradient", batch))
+            attacks.append(Attack(node, "gradient", batch, index, rebuilt, time.perf_counter() - started))
+    first = manifest.node_names[0]
+    updates = federate_dir(exp, strategy) / "shared" / "updates.safetensors"
+    if len(manifest.node_names) != 2:
+        notes.append(f"round update: not attacked; with {len(manifest.node_names)} nodes the all-reduce hands every "
+                     "node only the sum of the others' updates, so no single node's update is seen by anyone")
+    elif first in nodes and updates.is_file():
+        train = NodeDataset(manifest, first, "train")
+        if len(train) > ROUND_UPDATE_IMAGES:
+            notes.append(f"round update: not attacked; node {first}'s update spans its {len(train)} training images, "
+                         f"more than the {ROUND_UPDATE_IMAGES} this attack takes")
+        else:
+            attacks.append(attack_round_update(strategy, config, manifest, train, first,
+                                               load_tensors(updates, f"{strategy}'s kept updates"), settings, seed))
+    return attacks, notes
+
+
+def attack_round_update(strategy: str, config: dict, manifest: Manifest, train: NodeDataset, node: str,
+                        updates: dict[str, torch.Tensor], settings: inversion.InversionSettings, seed: int) -> Attack:
+    """The first node's round-0 update, as its peer in a two-node FedAvg recovers it, inverted as one gradient of
+    every training image's mean loss at the common initial model."""
+    start = build_classifier(config["model"][0], manifest["channels"], manifest.num_classes,
+                             stream_seed(config["seed"], "model-init", REGISTRY[strategy].model_key)).train()
+    observed = [-updates[f"round0/{name}"] for name, _ in start.named_parameters()]
+    started = time.perf_counter()
+    rebuilt = inversion.invert_gradient(start, observed, train.labels, image_shape(manifest), settings,
+                                        torch_stream(seed, node, "attack", strategy, "round-update"))
+    return Attack(node, "round update", len(train), torch.arange(len(train)), rebuilt, time.perf_counter() - started)
+
+
+def image_shape(manifest: Manifest) -> tuple[int, int, int]:
+    return manifest["channels"], manifest["image_size"], manifest["image_size"]
+
+
+def attacks_on(exp: Path, strategy: str, manifest: Manifest, nodes: list[str], images: int,
+               settings: inversion.InversionSettings, seed: int) -> tuple[list[Attack], list[str]]:
+    """A strategy's attacks, and what was not attacked and why."""
+    config = federate_config(exp, strategy, manifest)
+    shared = federate_dir(exp, strategy) / "shared"
+    if (shared / "latents.safetensors").is_file():
+        return attack_latents(exp, strategy, config, manifest, nodes, images, settings, seed), []
+    if (shared / "activations.safetensors").is_file():
+        return attack_activations(exp, strategy, config, manifest, nodes, settings, seed), []
+    return attack_gradients(exp, strategy, config, manifest, nodes, settings, seed)
+
+
+def in_matched_order(reconstructions: torch.Tensor, originals: torch.Tensor) -> torch.Tensor:
+    """The reconstructions reordered so that the i-th faces the original the least-total-squared-error
+    assignment gives it."""
+    from scipy.optimize import linear_sum_assignment
+
+    errors = torch.cdist(reconstructions.flatten(1).double(), originals.flatten(1).double()).square()
+    rows, columns = linear_sum_assignment(errors.numpy())
+    order = torch.empty(len(columns), dtype=torch.long)
+    order[torch.as_tensor(columns)] = torch.as_tensor(rows)
+    return reconstructions[order]
+
+
+def scored(attacks: list[Attack], manifest: Manifest, perceptual) -> pd.DataFrame:
+    """One row per reconstructed image: its scores against the original and the nearest real image of its node
+    outside the attacked set."""
+    rows = []
+    for attack in attacks:
+        train, test = NodeDataset(manifest, attack.node, "train"), NodeDataset(manifest, attack.node, "test")
+        outside = torch.ones(len(train), dtype=torch.bool)
+        outside[attack.index] = False
+        others = to_float(torch.cat([train.images[outside], test.images]))
+        originals = to_float(train.images[attack.index])
+        rebuilt = in_matched_order(attack.reconstructions, originals) if attack.unordered else attack.reconstructions
+        result = scores.reconstruction_scores(perceptual, rebuilt, originals, others)
+        for k, i in enumerate(attack.index.tolist()):
+            rows.append({"node": attack.node, "attack": attack.attack, "batch": attack.batch,
+                         "id": train.records[i]["id"], "index": i}
+                        | {name: float(value[k]) if value.is_floating_point() else int(value[k])
+                           for name, value in result.items()})
+    return pd.DataFrame(rows)
+
+
+def summarize(frame: pd.DataFrame) -> list[dict]:
+    """Per node, attack and batch: the mean scores, and the share reconstructed under each score with its exact 95%
+    interval."""
+    out = []
+    for (node, attack, batch), group in frame.groupby(["node", "attack", "batch"], sort=False):
+        reconstructed = {}
+        for name in SCORES:
+            hits, n = int(group[f"reconstructed_{name}"].sum()), len(group)
+            low, high = clopper_pearson(hits, n)
+            reconstructed[name] = {"share": hits / n, "ci_low": low, "ci_high": high}
+        out.append({"node": node, "attack": attack, "batch": int(batch), "images": len(group)}
+                   | {f"{name}_mean": float(group[name].mean()) for name in SCORES}
+                   | {f"{name}_nearest_other_mean": float(group[f"{name}_nearest_other"].mean()) for name in SCORES}
+                   | {"reconstructed": reconstructed})
+    return out
+
+
+def write(out: Path, strategy: str, attacks: list[Attack], notes: list[str], frame: pd.DataFrame,
+          manifest: Manifest, config: dict, settings: inversion.InversionSettings, inputs: dict, seed: int) -> dict:
+    summary = {"strategy": strategy, "settings": dataclasses.asdict(settings), "attacks": summarize(frame),
+               "notes": notes}
+    write_csv(out / "reconstructions.csv", frame)
+    write_json(out / "summary.json", summary)
+    rows = []
+    for attack in attacks:
+        originals = to_float(NodeDataset(manifest, attack.node, "train").images[attack.index])
+        rebuilt = in_matched_order(attack.reconstructions, originals) if attack.unordered else attack.reconstructions
+        label = f"{attack.node} {attack.attack}" + (f" ({attack.batch} images)" if attack.unordered else "")
+        rows += [(f"{label}: original", figures.to_display(originals[:8])),
+                 (f"{label}: reconstruction", figures.to_display(rebuilt[:8]))]
+    figures.image_rows(out / "reconstructions.png", rows, f"{strategy}: what an attacker rebuilds from what it saw")
+    costs = {f"{a.node}/{a.attack}/{a.batch}": round(a.seconds, 2) for a in attacks}
+    write_json(out / "config.json", provenance("audit-privacy --shared", config, seed, inputs)
+               | {"seconds": costs, "files": record_files(out)})
+    return summary
+
+
+def run_attacks(exp: Path, manifest: Manifest, nodes: list[str], images: int, settings: inversion.InversionSettings,
+                seed: int, perceptual, overwrite: bool) -> dict[str, dict]:
+    """Every attackable strategy's attacks, each strategy's folder written whole; their summaries by strategy."""
+    strategies = shared_strategies(exp)
+    if not strategies:
+        raise UserError(f"no federation in {exp / 'federate'} shared latents, activations or models an attack reads "
+                        "(fedreplay, splitnn or a model-averaging strategy); run fedcli federate first, or drop "
+                        "--shared")
+    for strategy in strategies:
+        check_output_free(attacks_dir(exp, strategy), overwrite)
+    summaries = {}
+    for strategy in strategies:
+        attacks, notes = attacks_on(exp, strategy, manifest, nodes, images, settings, seed)
+        frame = scored(attacks, manifest, perceptual)
+        folder = federate_dir(exp, strategy)
+        inputs = {"manifest": manifest.content_hash, "federate": file_sha256(folder / "config.json")}
+        with staged_output(attacks_dir(exp, strategy), overwrite) as out:
+            summaries[strategy] = write(out, strategy, attacks, notes, frame, manifest,
+                                        {"nodes": nodes, "images": images, "settings": dataclasses.asdict(settings)},
+                                        settings, inputs, seed)
+    return summaries

@@ -1,0 +1,154 @@
+"""Privacy against utility over every way a federation shares data: the generators' settings (FedER's privacy loss at
+each alpha and form, DP at each epsilon, none) scored by the generator audit, and the shared latents, activations
+and gradients scored by the reconstruction attacks (audit/shared_attacks.py); and the regime they were run in
+(`[regime]`, audit/regime.py). Membership and reconstruction are reported apart: their units differ.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedcli.plotting import pyplot
+from fedcli.report.collect import Stat, SubExperiment, load_json
+from fedcli.report.figures import save
+from fedcli.report.study import Built, Missing, ReportTable, nodes_of, performance_cells
+
+TITLE = "Privacy against utility: what each method's shared data reveals, and what it buys"
+
+
+def generator_setting(sub: SubExperiment) -> tuple[str, str, float] | None:
+    """(curve, label, place on the curve) of a sub-experiment's generators: FedER's privacy loss of one form at its
+    alpha, DP at its epsilon, or none; None when its nodes' generators differ or it has none."""
+    settings = {(g["config"].get("generator", "stylegan2"), g["config"].get("alpha"), g["config"].get("privacy_loss"),
+                 g["config"].get("dp_epsilon")) for g in sub.gans}
+    if len(settings) != 1:
+        return None
+    kind, alpha, loss, epsilon = settings.pop()
+    prefix = "" if kind == "stylegan2" else f"{kind} "
+    if epsilon not in (None, "off"):
+        return f"{prefix}DP", f"{prefix}DP epsilon {float(epsilon):g}", float(epsilon)
+    if not alpha:
+        return f"{prefix}no privacy loss", f"{prefix}no privacy loss (alpha 0)", 0.0
+    return f"{prefix}FedER {loss}", f"{prefix}FedER alpha {alpha:g} ({loss})", float(alpha)
+
+
+def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
+    groups: dict[str, list[SubExperiment]] = defaultdict(list)
+    for sub in subs:
+        if sub.audits and (setting := generator_setting(sub)) is not None:
+            groups[setting[1]].append(sub)
+    nodes = nodes_of(subs)
+    rows = {}
+    for label, reps in groups.items():
+        audits = [a for s in reps for a in s.audits]
+        controlled = not any("dp" in a for a in audits)  # a DP generator is its own control: no phase 2
+        effects = [a["privacy_effect"]["verdict"] for a in audits if "privacy_effect" in a]
+        rows[label] = {
+            "membership AUROC": Stat.of([a["generators"]["privacy"]["mia"]["auroc"] for a in audits]),
+            "control AUROC": Stat.of([a["generators"]["control"]["mia"]["auroc"] for a in audits])
+            if controlled else "-",
+            "paired effect": Stat.of([a["privacy_effect"]["median_ratio"] for a in audits if "privacy_effect" in a])
+            if controlled else "-",
+            "effect significant": f"{effects.count('significant')}/{len(effects)}" if controlled else "-",
+            "members rebuilt": Stat.of([a["generators"]["privacy"]["reconstruction_share"]["members"] for a in audits]),
+            "buffer closest records: members": Stat.of([a["buffer"]["dcr_share"] for a in audits]),
+            "reconstructed by attack": "-", "attack PSNR (dB)": "-",
+            "fidelity ratio": Stat.of([(g.get("fidelity") or {}).get("ratio") for s in reps for g in s.gans]),
+            metric: performance_cells(reps, "feder", metric, nodes)["mean"],
+        }
+    return rows
+
+
+def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
+    pooled: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
+    for sub in subs:
+        for strategy, summary in sub.attacks.items():
+            for row in summary["attacks"]:
+                pooled[(strategy, row["attack"], row["batch"])].append(row)
+    nodes = nodes_of(subs)
+    rows = {}
+    for (strategy, attack, batch), found in pooled.items():
+        label = f"{strategy}: {attack}" + (f" (batch {batch})" if attack in ("gradient", "round update") else "")
+        rows[label] = {"membership AUROC": "-", "control AUROC": "-", "paired effect": "-", "effect significant": "-",
+                       "members rebuilt": "-", "buffer closest records: members": "-",
+                       "reconstructed by attack": Stat.of([r["reconstructed"]["ssim"]["share"] for r in found]),
+                       "attack PSNR (dB)": Stat.of([r["psnr_mean"] for r in found]), "fidelity ratio": "-",
+                       metric: performance_cells([s for s in subs if strategy in s.attacks], strategy, metric,
+                                                 nodes)["mean"]}
+    return rows
+
+
+def frontier_table(subs: list[SubExperiment], metric: str) -> Built:
+    generators, attacks = generator_rows(subs, metric), attack_rows(subs, metric)
+    if len(generators) + len(attacks) < 2:
+        return Missing(TITLE, "several generator privacy settings, or audit-privacy --shared on federations that "
+                       "share latents, activations or models (recipes/privacy-frontier.toml)")
+    frame = pd.DataFrame({**generators, **attacks}).T.fillna("-")
+    return ReportTable("privacy_frontier", TITLE, frame,
+                       "mean ± std over nodes and seeds. Membership (generators): the GAN-Leaks attack's AUROC on the "
+                       "released generator and on its alpha-0 control (0.5 = no leak), the paired effect (median "
+                       "per-member ratio of the released generator's projection distance to the control's, > 1 = "
+                       "pushed away) and on how many nodes it is significant (and above the non-members'). "
+                       "Reconstruction: members rebuilt by projection closer than their nearest other real image; "
+                       "the buffer's closest records that are members (0.5 = chance); for shared latents, activations "
+                       "and gradients, the white-box attack's images closer (SSIM) to their own original than to any "
+                       f"other real image, and their PSNR. {metric}: FedER's with that generator's buffer, or the "
+                       "sharing strategy's own, on each node's test set at the final round", rows_are="method")
+
+
+def frontier_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
+    """Two panels, y = the method's federated score: membership AUROC of the released generator (left) and the
+    share of images reconstructed (right: by projection for generators, by the attack for shared data); each
+    generator curve (an alpha series of one form, DP's epsilons) joined in its own order."""
+    generators, attacks = generator_rows(subs, metric), attack_rows(subs, metric)
+    if len(generators) + len(attacks) < 2:
+        return False
+    curves: dict[str, dict[str, float]] = defaultdict(dict)
+    for sub in subs:
+        if (setting := generator_setting(sub)) is not None and setting[1] in generators:
+            curves[setting[0]][setting[1]] = setting[2]
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for curve, places in curves.items():
+        labels = sorted(places, key=places.get)
+        for axis, column in ((left, "membership AUROC"), (right, "members rebuilt")):
+            xs, ys = ([generators[label][c] for label in labels] for c in (column, metric))
+            axis.errorbar([x.mean for x in xs], [y.mean for y in ys], xerr=[x.std for x in xs],
+                          yerr=[y.std for y in ys], marker="o", capsize=3, label=curve)
+            for label, x, y in zip(labels, xs, ys):
+                axis.annotate(label.removeprefix(curve).strip() or label, (x.mean, y.mean), fontsize=6,
+                              xytext=(3, 3), textcoords="offset points")
+    for label, row in attacks.items():
+        x, y = row["reconstructed by attack"], row[metric]
+        right.errorbar([x.mean], [y.mean], xerr=[x.std], yerr=[y.std], marker="s", capsize=3, label=label)
+    left.axvline(0.5, color="grey", linewidth=0.8, linestyle=":")
+    left.set_xlabel("membership AUROC of the released generator (0.5 = no leak)")
+    right.set_xlabel("share of images reconstructed (closer to their own than to any other)")
+    left.set_ylabel(f"federated {metric}")
+    for axis, title in ((left, "Membership"), (right, "Reconstruction")):
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7)
+    save(fig, path)
+    return True
+
+
+def regime_table(exp: Path) -> ReportTable:
+    """The [regime] sweep: each setting tried, each node's control membership AUROC with its interval, and the
+    choice the rule made (or that none leaked)."""
+    regime = load_json(Path(exp) / "regime" / "regime.json")
+    rows = {}
+    for setting in regime["settings"]:
+        for reading in setting["readings"]:
+            rows[f"{setting['name']}, {reading['node']}"] = {
+                "members": reading["members"], "control AUROC": f"{reading['auroc']:.3f}",
+                "95% interval": f"[{reading['ci_low']:.3f}, {reading['ci_high']:.3f}]",
+                "setting meets the rule": "yes" if setting["met"] else "no"}
+    frame = pd.DataFrame(rows).T if rows else pd.DataFrame(np.empty((0, 0)))
+    return ReportTable("regime", "Regime: where the unprotected generator leaks", frame, f"rule, fixed before the sweep: {regime['rule']}. {regime['said']}.",
+                       rows_are="setting and node")

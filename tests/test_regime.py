@@ -1,0 +1,111 @@
+"""The memorising regime: a rule fixed before the sweep, applied as written. The first setting (in the recipe's
+order) whose alpha-0 control leaks membership on every node is chosen and fixes every sub-experiment; a sweep
+in which none leaks says so, records it, and compares nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedcli.audit.regime import Rule, choose, outcome
+from fedcli.data.manifest import Manifest
+
+TINY_GAN = """
+[train_gan]
+patience = 100
+pp-iterations = 4
+fid-every = 6
+fid-images = 32
+batch = 8
+channel-base = 128
+channel-max = 16
+z-dim = 16
+w-dim = 16
+buffer-size = 20
+fidelity-epochs = 1
+fidelity-seeds = 1
+select = "last"
+
+[audit]
+steps = 3
+max-images = 10
+batch-size = 10
+"""
+
+
+def reading(node: str, low: float) -> dict:
+    return {"node": node, "auroc": low + 0.1, "ci_low": low, "ci_high": low + 0.2, "members": 40}
+
+
+def test_the_first_setting_that_leaks_on_every_node_is_chosen_and_the_bound_is_strict():
+    rule = Rule(0.6)
+    swept = [("n=50", [reading("a", 0.7), reading("b", 0.6)]),  # b's bound is not *above* 0.6
+             ("n=100", [reading("a", 0.65), reading("b", 0.61)]),
+             ("n=200", [reading("a", 0.9), reading("b", 0.9)])]
+    assert choose(swept, rule) == "n=100"
+    result = outcome(swept, rule, tried=3)
+    assert result["chosen"] == "n=100" and [s["met"] for s in result["settings"]] == [False, True, True]
+    assert "above 0.6 on every node" in result["rule"]
+
+
+def test_a_sweep_in_which_nothing_leaks_chooses_nothing_and_says_so():
+    rule = Rule(0.6)
+    swept = [("n=50", [reading("a", 0.55), reading("b", 0.7)]), ("n=100", [reading("a", 0.4), reading("b", 0.5)])]
+    result = outcome(swept, rule, tried=2)
+    assert result["chosen"] is None
+    assert result["said"] == ("regime: none of the 2 settings leaks by the rule (the alpha-0 control's membership "
+                              "AUROC has its 95% lower bound above 0.6 on every node); the highest lowest-node bound "
+                              "was 0.550 at n=50")
+    assert not Rule(0.6).met([])
+
+
+def recipe(tmp_path, regime: str) -> str:
+    path = tmp_path / "frontier.toml"
+    path.write_text('[partition]\nnodes = 2\nimage-size = 16\n\n[federate]\nstrategy = ["feder"]\nrounds = 1\n'
+                    'bootstrap = 10\n' + TINY_GAN + regime)
+    return path
+
+
+def test_a_regime_sweep_that_finds_no_leak_stops_the_recipe_with_one_line(cli, tmp_path):
+    exp = tmp_path / "exp"
+    result = cli("run", recipe(tmp_path, '\n[regime]\nthreshold = 0.99\n"train_gan.iterations" = [12]\n'),
+                 "--exp", exp, "--threads", "2")
+    assert result.exit_code == 2 and "Traceback" not in result.output + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]  # after the stages' progress
+    assert len(errors) == 1 and errors[0].startswith("error: regime: none of the 1 settings leaks by the rule")
+    regime = json.loads((exp / "regime" / "regime.json").read_text())
+    assert regime["chosen"] is None and regime["threshold"] == 0.99
+    assert [r["node"] for r in regime["settings"][0]["readings"]] == ["node0", "node1"]
+    assert not (exp / "federate").exists() and not (exp / "runs").exists()  # nothing compared
+
+
+def test_the_chosen_setting_fixes_every_sub_experiment(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(Rule, "met", lambda self, readings: bool(readings))  # as if the first setting leaked
+    exp = tmp_path / "exp"
+    out = cli.ok("run", recipe(tmp_path, '\n[regime]\n"partition.test-fraction" = [0.5]\n'
+                                         '"train_gan.iterations" = [12, 24]\n'), "--exp", exp, "--threads", "2").stdout
+    regime = json.loads((exp / "regime" / "regime.json").read_text())
+    assert regime["chosen"] == "test-fraction=0.5,iterations=12"
+    assert [s["name"] for s in regime["settings"]] == [regime["chosen"]]  # the sweep stops at the first that leaks
+    assert Manifest.load(exp)["test_fraction"] == 0.5
+    assert json.loads((exp / "gan" / "node0" / "config.json").read_text())["config"]["iterations"] == 12
+    assert "train-gan: same inputs as regime/test-fraction=0.5,iterations=12/gan, shared" in out
+    assert (exp / "federate" / "feder" / "metrics.csv").is_file()
+    report = (exp / "report" / "report.md").read_text()
+    assert "Regime: where the unprotected generator leaks" in report
+
+
+@pytest.mark.parametrize("regime, message", [
+    ('"federate.rounds" = [1]', "[regime] needs grid lists of partition and train_gan options"),
+    ('threshold = 0.4\n"train_gan.iterations" = [12]', "regime.threshold must be at least 0.5"),
+])
+def test_a_regime_outside_what_the_generator_sees_is_one_line(cli, tmp_path, regime, message):
+    assert message in cli.user_error("run", recipe(tmp_path, f"\n[regime]\n{regime}\n"), "--exp", tmp_path / "exp",
+                                     "--dry-run")
+
+
+def test_a_setting_both_in_the_regime_and_swept_is_one_line(cli, tmp_path):
+    path = recipe(tmp_path, '\n[regime]\n"train_gan.iterations" = [12]\n\n[sweep]\n"train_gan.iterations" = [12, 24]\n')
+    assert "train_gan.iterations is both in [regime] and swept" in cli.user_error("run", path, "--exp",
+                                                                                  tmp_path / "exp", "--dry-run")
