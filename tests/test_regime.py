@@ -11,29 +11,6 @@ import pytest
 from fedcli.audit.regime import Rule, choose, outcome
 from fedcli.data.manifest import Manifest
 
-TINY_GAN = """
-[train_gan]
-patience = 100
-pp-iterations = 4
-fid-every = 6
-fid-images = 32
-batch = 8
-channel-base = 128
-channel-max = 16
-z-dim = 16
-w-dim = 16
-buffer-size = 20
-fidelity-epochs = 1
-fidelity-seeds = 1
-select = "last"
-
-[audit]
-steps = 3
-max-images = 10
-batch-size = 10
-"""
-
-
 def reading(node: str, low: float) -> dict:
     return {"node": node, "auroc": low + 0.1, "ci_low": low, "ci_high": low + 0.2, "members": 40}
 
@@ -60,11 +37,11 @@ def test_a_sweep_in_which_nothing_leaks_chooses_nothing_and_says_so():
     assert not Rule(0.6).met([])
 
 
-def recipe(tmp_path, regime: str) -> str:
-    path = tmp_path / "frontier.toml"
-    path.write_text('[partition]\nnodes = 2\nimage-size = 16\n\n[federate]\nstrategy = ["feder"]\nrounds = 1\n'
-                    'bootstrap = 10\n' + TINY_GAN + regime)
-    return path
+def recipe(tmp_path, regime: str):
+    """test_run's tiny recipe (two nodes, tiny GANs and audit), FedER alone, with `regime` added."""
+    from test_run import recipe as tiny
+
+    return tiny(tmp_path, strategies=("feder",), extra=regime)
 
 
 def test_a_regime_sweep_that_finds_no_leak_stops_the_recipe_with_one_line(cli, tmp_path):
@@ -84,13 +61,13 @@ def test_the_chosen_setting_fixes_every_sub_experiment(cli, tmp_path, monkeypatc
     monkeypatch.setattr(Rule, "met", lambda self, readings: bool(readings))  # as if the first setting leaked
     exp = tmp_path / "exp"
     out = cli.ok("run", recipe(tmp_path, '\n[regime]\n"partition.test-fraction" = [0.5]\n'
-                                         '"train_gan.iterations" = [12, 24]\n'), "--exp", exp, "--threads", "2").stdout
+                                         '"train_gan.iterations" = [16, 24]\n'), "--exp", exp, "--threads", "2").stdout
     regime = json.loads((exp / "regime" / "regime.json").read_text())
-    assert regime["chosen"] == "test-fraction=0.5,iterations=12"
+    assert regime["chosen"] == "test-fraction=0.5,iterations=16"
     assert [s["name"] for s in regime["settings"]] == [regime["chosen"]]  # the sweep stops at the first that leaks
     assert Manifest.load(exp)["test_fraction"] == 0.5
-    assert json.loads((exp / "gan" / "node0" / "config.json").read_text())["config"]["iterations"] == 12
-    assert "train-gan: same inputs as regime/test-fraction=0.5,iterations=12/gan, shared" in out
+    assert json.loads((exp / "gan" / "node0" / "config.json").read_text())["config"]["iterations"] == 16
+    assert "train-gan: same inputs as regime/test-fraction=0.5,iterations=16/gan, shared" in out
     assert (exp / "federate" / "feder" / "metrics.csv").is_file()
     report = (exp / "report" / "report.md").read_text()
     assert "Regime: where the unprotected generator leaks" in report
@@ -106,6 +83,6 @@ def test_a_regime_outside_what_the_generator_sees_is_one_line(cli, tmp_path, reg
 
 
 def test_a_setting_both_in_the_regime_and_swept_is_one_line(cli, tmp_path):
-    path = recipe(tmp_path, '\n[regime]\n"train_gan.iterations" = [12]\n\n[sweep]\n"train_gan.iterations" = [12, 24]\n')
+    path = recipe(tmp_path, '\n[regime]\n"train_gan.iterations" = [12]\n\n[sweep]\n"train_gan.iterations" = [16, 24]\n')
     assert "train_gan.iterations is both in [regime] and swept" in cli.user_error("run", path, "--exp",
                                                                                   tmp_path / "exp", "--dry-run")

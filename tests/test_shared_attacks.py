@@ -107,6 +107,15 @@ def test_the_attacks_rebuild_the_patients_behind_the_stems_output_and_score_ever
     assert json.loads((exp / "attacks" / "fedavg" / "config.json").read_text())["config"]["settings"]["iterations"] == 150
 
 
+def test_the_report_puts_every_attack_beside_its_strategys_accuracy(exp):
+    exp, _ = exp
+    table = pd.read_csv(exp / "report" / "privacy_frontier.csv").set_index("method")
+    assert list(table.index) == [*(f"fedavg: gradient (batch {b})" for b in (1, 4, 8)), "fedavg: round update (batch 24)",
+                                 "fedreplay: latents", "splitnn: activations"]
+    assert table.loc["fedreplay: latents", "reconstructed by attack"] == 1.0
+    assert (exp / "report" / "figures" / "privacy_frontier.png").is_file()
+
+
 def test_the_attacks_rerun_alone_when_their_options_change(tmp_path, exp, cli):
     exp, _ = exp
     again = cli.ok("run", exp.parent / "recipe.toml", "--exp", exp, "--threads", "2",

@@ -105,6 +105,15 @@ def federate_config(exp: Path, strategy: str, manifest: Manifest) -> dict:
     return meta["config"]
 
 
+def kept_record(exp: Path, strategy: str, name: str, needed: str) -> dict[str, torch.Tensor]:
+    """A federation's kept sample of what it sent, refused when it predates what the attack needs."""
+    kept = load_tensors(federate_dir(exp, strategy) / "shared" / f"{name}.safetensors", f"{strategy}'s {name}")
+    if needed not in kept:
+        raise UserError(f"{strategy}'s kept {name} carry no {needed.rsplit('/', 1)[-1]} (an earlier fedcli kept less); "
+                        f"re-run fedcli federate --exp {exp} --strategy {strategy} --overwrite")
+    return kept
+
+
 def global_model(exp: Path, strategy: str, config: dict, manifest: Manifest) -> nn.Module:
     model = build_classifier(config["model"][0], manifest["channels"], manifest.num_classes, init_seed=0)
     path = federate_dir(exp, strategy) / "models" / f"{REGISTRY[strategy].model_key}.safetensors"
@@ -114,7 +123,7 @@ def global_model(exp: Path, strategy: str, config: dict, manifest: Manifest) -> 
 
 def attack_latents(exp: Path, strategy: str, config: dict, manifest: Manifest, nodes: list[str], images: int,
                    settings: inversion.InversionSettings, seed: int) -> list[Attack]:
-    kept = load_tensors(federate_dir(exp, strategy) / "shared" / "latents.safetensors", f"{strategy}'s latents")
+    kept = kept_record(exp, strategy, "latents", "index")
     encoder, _ = split(global_model(exp, strategy, config, manifest), config["model"][0], config["cut"])
     attacks = []
     for node in nodes:
@@ -129,10 +138,9 @@ def attack_latents(exp: Path, strategy: str, config: dict, manifest: Manifest, n
 
 def attack_activations(exp: Path, strategy: str, config: dict, manifest: Manifest, nodes: list[str],
                        settings: inversion.InversionSettings, seed: int) -> list[Attack]:
-    kept = load_tensors(federate_dir(exp, strategy) / "shared" / "activations.safetensors",
-                        f"{strategy}'s activations")
+    kept = kept_record(exp, strategy, "activations", f"{manifest.node_names[0]}/index")
     attacks = []
-    for node in [n for n in nodes if f"{n}/index" in kept]:
+    for node in nodes:
         bottom, _ = split(build_classifier(config["model"][0], manifest["channels"], manifest.num_classes,
                                            init_seed=0), config["model"][0], config["cut"])
         prefix = f"{node}/bottom/"
@@ -164,7 +172,9 @@ def attack_gradients(exp: Path, strategy: str, config: dict, manifest: Manifest,
             attacks.append(Attack(node, "gradient", batch, index, rebuilt, time.perf_counter() - started))
     first = manifest.node_names[0]
     updates = federate_dir(exp, strategy) / "shared" / "updates.safetensors"
-    if len(manifest.node_names) != 2:
+    if config.get("pretrained"):
+        notes.append("round update: not attacked; its start is the pretrained backbone, which the audit does not load")
+    elif len(manifest.node_names) != 2:
         notes.append(f"round update: not attacked; with {len(manifest.node_names)} nodes the all-reduce hands every "
                      "node only the sum of the others' updates, so no single node's update is seen by anyone")
     elif first in nodes and updates.is_file():

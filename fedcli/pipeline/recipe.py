@@ -145,8 +145,8 @@ class Recipe:
     def units(self) -> int:
         """Units of work `fedcli run` may start: per sub-experiment partition, train-gan and audit-privacy (where
         generators are wanted), the attacks on shared data (with --shared), each strategy's final run plus its
-        [select] grid points times folds; and the report."""
-        total = 1
+        [select] grid points times folds; the [regime] settings' partition, train-gan and audit; and the report."""
+        total = 1 + 3 * len(self.regime_points())
         for point in self.points():
             configs = self.configs(point, Path("."))
             folds = (self.select["folds"] or configs["partition"].folds) if self.select else 0

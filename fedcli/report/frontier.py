@@ -49,6 +49,8 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
         effects = [a["privacy_effect"]["verdict"] for a in audits if "privacy_effect" in a]
         rows[label] = {
             "membership AUROC": Stat.of([a["generators"]["privacy"]["mia"]["auroc"] for a in audits]),
+            "calibrated AUROC": Stat.of([a["generators"]["privacy"]["mia_calibrated"]["auroc"] for a in audits
+                                         if "mia_calibrated" in a["generators"]["privacy"]]),
             "control AUROC": Stat.of([a["generators"]["control"]["mia"]["auroc"] for a in audits])
             if controlled else "-",
             "paired effect": Stat.of([a["privacy_effect"]["median_ratio"] for a in audits if "privacy_effect" in a])
@@ -73,7 +75,7 @@ def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
     rows = {}
     for (strategy, attack, batch), found in pooled.items():
         label = f"{strategy}: {attack}" + (f" (batch {batch})" if attack in ("gradient", "round update") else "")
-        rows[label] = {"membership AUROC": "-", "control AUROC": "-", "paired effect": "-", "effect significant": "-",
+        rows[label] = {"membership AUROC": "-", "calibrated AUROC": "-", "control AUROC": "-", "paired effect": "-", "effect significant": "-",
                        "members rebuilt": "-", "buffer closest records: members": "-",
                        "reconstructed by attack": Stat.of([r["reconstructed"]["ssim"]["share"] for r in found]),
                        "attack PSNR (dB)": Stat.of([r["psnr_mean"] for r in found]), "fidelity ratio": "-",
@@ -90,7 +92,8 @@ def frontier_table(subs: list[SubExperiment], metric: str) -> Built:
     frame = pd.DataFrame({**generators, **attacks}).T.fillna("-")
     return ReportTable("privacy_frontier", TITLE, frame,
                        "mean ± std over nodes and seeds. Membership (generators): the GAN-Leaks attack's AUROC on the "
-                       "released generator and on its alpha-0 control (0.5 = no leak), the paired effect (median "
+                       "released generator (calibrated by a reference GAN without the members where train-gan "
+                       "--reference made one) and on its alpha-0 control (0.5 = no leak), the paired effect (median "
                        "per-member ratio of the released generator's projection distance to the control's, > 1 = "
                        "pushed away) and on how many nodes it is significant (and above the non-members'). "
                        "Reconstruction: members rebuilt by projection closer than their nearest other real image; "
