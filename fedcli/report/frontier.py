@@ -20,9 +20,9 @@ from fedcli.report.study import Built, Missing, ReportTable, nodes_of, performan
 TITLE = "Privacy against utility: what each method's shared data reveals, and what it buys"
 
 
-def generator_setting(sub: SubExperiment) -> tuple[str, str, float] | None:
-    """(curve, label, place on the curve) of a sub-experiment's generators: FedER's privacy loss of one form at its
-    alpha, DP at its epsilon, or none; None when its nodes' generators differ or it has none."""
+def generator_setting(sub: SubExperiment) -> tuple[str, str, float, str] | None:
+    """(curve, label, place on the curve, the place's name) of a sub-experiment's generators: FedER's privacy loss
+    of one form at its alpha, DP at its epsilon, or none; None when its nodes' generators differ or it has none."""
     settings = {(g["config"].get("generator", "stylegan2"), g["config"].get("alpha"), g["config"].get("privacy_loss"),
                  g["config"].get("dp_epsilon")) for g in sub.gans}
     if len(settings) != 1:
@@ -30,10 +30,11 @@ def generator_setting(sub: SubExperiment) -> tuple[str, str, float] | None:
     kind, alpha, loss, epsilon = settings.pop()
     prefix = "" if kind == "stylegan2" else f"{kind} "
     if epsilon not in (None, "off"):
-        return f"{prefix}DP", f"{prefix}DP epsilon {float(epsilon):g}", float(epsilon)
+        place = f"epsilon {float(epsilon):g}"
+        return f"{prefix}DP", f"{prefix}DP {place}", float(epsilon), place
     if not alpha:
-        return f"{prefix}no privacy loss", f"{prefix}no privacy loss (alpha 0)", 0.0
-    return f"{prefix}FedER {loss}", f"{prefix}FedER alpha {alpha:g} ({loss})", float(alpha)
+        return f"{prefix}no privacy loss", f"{prefix}no privacy loss (alpha 0)", 0.0, "alpha 0"
+    return f"{prefix}FedER {loss}", f"{prefix}FedER alpha {alpha:g} ({loss})", float(alpha), f"alpha {alpha:g}"
 
 
 def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
@@ -110,21 +111,20 @@ def frontier_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
     generators, attacks = generator_rows(subs, metric), attack_rows(subs, metric)
     if len(generators) + len(attacks) < 2:
         return False
-    curves: dict[str, dict[str, float]] = defaultdict(dict)
+    curves: dict[str, dict[str, tuple[float, str]]] = defaultdict(dict)
     for sub in subs:
         if (setting := generator_setting(sub)) is not None and setting[1] in generators:
-            curves[setting[0]][setting[1]] = setting[2]
+            curves[setting[0]][setting[1]] = setting[2:]
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for curve, places in curves.items():
-        labels = sorted(places, key=places.get)
+        labels = sorted(places, key=lambda label: places[label][0])
         for axis, column in ((left, "membership AUROC"), (right, "members rebuilt")):
             xs, ys = ([generators[label][c] for label in labels] for c in (column, metric))
             axis.errorbar([x.mean for x in xs], [y.mean for y in ys], xerr=[x.std for x in xs],
                           yerr=[y.std for y in ys], marker="o", capsize=3, label=curve)
             for label, x, y in zip(labels, xs, ys):
-                axis.annotate(label.removeprefix(curve).strip() or label, (x.mean, y.mean), fontsize=6,
-                              xytext=(3, 3), textcoords="offset points")
+                axis.annotate(places[label][1], (x.mean, y.mean), fontsize=6, xytext=(3, 3), textcoords="offset points")
     for label, row in attacks.items():
         x, y = row["reconstructed by attack"], row[metric]
         right.errorbar([x.mean], [y.mean], xerr=[x.std], yerr=[y.std], marker="s", capsize=3, label=label)
