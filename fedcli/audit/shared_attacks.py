@@ -48,6 +48,7 @@ from fedcli.errors import UserError
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import attacks_dir, federate_dir
 from fedcli.models.classifier import build_classifier
+from fedcli.predict import load_model
 from fedcli.models.cuts import split
 from fedcli.rng import stream_seed, torch_stream
 
@@ -67,11 +68,6 @@ class Attack:
     reconstructions: torch.Tensor  # [-1, 1]
     seconds: float
 
-    @property
-    def unordered(self) -> bool:
-        """Whether its reconstructions come in no particular order (a gradient's batch)."""
-        return self.attack in ("gradient", "round update") and self.batch > 1
-
 
 ATTACKED_TRANSFERS = ("latents", "activations", "all-reduce")
 
@@ -87,10 +83,11 @@ def shared_strategies(exp: Path) -> list[str]:
 
 
 def attackable(exp: Path, strategy: str) -> bool:
-    shared = federate_dir(exp, strategy) / "shared"
-    return (shared / "latents.safetensors").is_file() or (shared / "activations.safetensors").is_file() \
-        or ("all-reduce" in REGISTRY[strategy].transfers
-            and (federate_dir(exp, strategy) / "models" / f"{REGISTRY[strategy].model_key}.safetensors").is_file())
+    """Whether a strategy that may share left what an attack reads: kept latents or activations, or its model."""
+    folder = federate_dir(exp, strategy)
+    return any(path.is_file() for path in (folder / "shared" / "latents.safetensors",
+                                           folder / "shared" / "activations.safetensors",
+                                           folder / "models" / f"{REGISTRY[strategy].model_key}.safetensors"))
 
 
 def federate_config(exp: Path, strategy: str, manifest: Manifest) -> dict:
@@ -115,10 +112,9 @@ def kept_record(exp: Path, strategy: str, name: str, needed: str) -> dict[str, t
 
 
 def global_model(exp: Path, strategy: str, config: dict, manifest: Manifest) -> nn.Module:
-    model = build_classifier(config["model"][0], manifest["channels"], manifest.num_classes, init_seed=0)
+    """The published model, checked as predict loads it (on the CPU: the attacks run there)."""
     path = federate_dir(exp, strategy) / "models" / f"{REGISTRY[strategy].model_key}.safetensors"
-    model.load_state_dict(load_tensors(path, f"{strategy}'s published model"))
-    return model
+    return load_model(path, f"{strategy}'s published model", config["model"][0], manifest, "cpu")
 
 
 def attack_latents(exp: Path, strategy: str, config: dict, manifest: Manifest, nodes: list[str], images: int,
@@ -164,12 +160,14 @@ def attack_gradients(exp: Path, strategy: str, config: dict, manifest: Manifest,
         train = NodeDataset(manifest, node, "train")
         for batch in [b for b in GRADIENT_BATCHES if b <= len(train)]:
             index = torch.arange(batch)
-            observed = inversion.batch_gradient(model, to_float(train.images[index]), train.labels[index])
+            originals = to_float(train.images[index])
+            observed = inversion.batch_gradient(model, originals, train.labels[index])
             labels = inversion.labels_from_bias_gradient(observed[-1]) if batch == 1 else train.labels[index]
             started = time.perf_counter()
             rebuilt = inversion.invert_gradient(model, observed, labels, image_shape(manifest), settings,
                                                 torch_stream(seed, node, "attack", strategy, "gradient", batch))
-            attacks.append(Attack(node, "gradient", batch, index, rebuilt, time.perf_counter() - started))
+            attacks.append(Attack(node, "gradient", batch, index, in_matched_order(rebuilt, originals),
+                                  time.perf_counter() - started))
     first = manifest.node_names[0]
     updates = federate_dir(exp, strategy) / "shared" / "updates.safetensors"
     if config.get("pretrained"):
@@ -198,7 +196,8 @@ def attack_round_update(strategy: str, config: dict, manifest: Manifest, train: 
     started = time.perf_counter()
     rebuilt = inversion.invert_gradient(start, observed, train.labels, image_shape(manifest), settings,
                                         torch_stream(seed, node, "attack", strategy, "round-update"))
-    return Attack(node, "round update", len(train), torch.arange(len(train)), rebuilt, time.perf_counter() - started)
+    return Attack(node, "round update", len(train), torch.arange(len(train)),
+                  in_matched_order(rebuilt, to_float(train.images)), time.perf_counter() - started)
 
 
 def image_shape(manifest: Manifest) -> tuple[int, int, int]:
@@ -219,7 +218,7 @@ def attacks_on(exp: Path, strategy: str, manifest: Manifest, nodes: list[str], i
 
 def in_matched_order(reconstructions: torch.Tensor, originals: torch.Tensor) -> torch.Tensor:
     """The reconstructions reordered so that the i-th faces the original the least-total-squared-error
-    assignment gives it."""
+    assignment gives it (a gradient attack's batch comes out in no particular order)."""
     from scipy.optimize import linear_sum_assignment
 
     errors = torch.cdist(reconstructions.flatten(1).double(), originals.flatten(1).double()).square()
@@ -232,15 +231,16 @@ def in_matched_order(reconstructions: torch.Tensor, originals: torch.Tensor) -> 
 def scored(attacks: list[Attack], manifest: Manifest, perceptual) -> pd.DataFrame:
     """One row per reconstructed image: its scores against the original and the nearest real image of its node
     outside the attacked set."""
-    rows = []
+    rows, datasets = [], {}
     for attack in attacks:
-        train, test = NodeDataset(manifest, attack.node, "train"), NodeDataset(manifest, attack.node, "test")
+        if attack.node not in datasets:  # each node's images read once for all its attacks
+            datasets[attack.node] = tuple(NodeDataset(manifest, attack.node, part) for part in ("train", "test"))
+        train, test = datasets[attack.node]
         outside = torch.ones(len(train), dtype=torch.bool)
         outside[attack.index] = False
         others = to_float(torch.cat([train.images[outside], test.images]))
-        originals = to_float(train.images[attack.index])
-        rebuilt = in_matched_order(attack.reconstructions, originals) if attack.unordered else attack.reconstructions
-        result = scores.reconstruction_scores(perceptual, rebuilt, originals, others)
+        result = scores.reconstruction_scores(perceptual, attack.reconstructions, to_float(train.images[attack.index]),
+                                              others)
         for k, i in enumerate(attack.index.tolist()):
             rows.append({"node": attack.node, "attack": attack.attack, "batch": attack.batch,
                          "id": train.records[i]["id"], "index": i}
@@ -275,10 +275,9 @@ def write(out: Path, strategy: str, attacks: list[Attack], notes: list[str], fra
     rows = []
     for attack in attacks:
         originals = to_float(NodeDataset(manifest, attack.node, "train").images[attack.index])
-        rebuilt = in_matched_order(attack.reconstructions, originals) if attack.unordered else attack.reconstructions
-        label = f"{attack.node} {attack.attack}" + (f" ({attack.batch} images)" if attack.unordered else "")
+        label = f"{attack.node} {attack.attack}" + (f" ({attack.batch} images)" if attack.batch > 1 else "")
         rows += [(f"{label}: original", figures.to_display(originals[:8])),
-                 (f"{label}: reconstruction", figures.to_display(rebuilt[:8]))]
+                 (f"{label}: reconstruction", figures.to_display(attack.reconstructions[:8]))]
     figures.image_rows(out / "reconstructions.png", rows, f"{strategy}: what an attacker rebuilds from what it saw")
     costs = {f"{a.node}/{a.attack}/{a.batch}": round(a.seconds, 2) for a in attacks}
     write_json(out / "config.json", provenance("audit-privacy --shared", config, seed, inputs)
@@ -288,7 +287,8 @@ def write(out: Path, strategy: str, attacks: list[Attack], notes: list[str], fra
 
 def run_attacks(exp: Path, manifest: Manifest, nodes: list[str], images: int, settings: inversion.InversionSettings,
                 seed: int, perceptual, overwrite: bool) -> dict[str, dict]:
-    """Every attackable strategy's attacks, each strategy's folder written whole; their summaries by strategy."""
+    """Every attackable strategy's attacks, each strategy's folder written whole once every attack has run (a
+    refused input leaves no folder behind); their summaries by strategy."""
     strategies = shared_strategies(exp)
     if not strategies:
         raise UserError(f"no federation in {exp / 'federate'} shared latents, activations or models an attack reads "
@@ -296,9 +296,9 @@ def run_attacks(exp: Path, manifest: Manifest, nodes: list[str], images: int, se
                         "--shared")
     for strategy in strategies:
         check_output_free(attacks_dir(exp, strategy), overwrite)
+    attacked = {strategy: attacks_on(exp, strategy, manifest, nodes, images, settings, seed) for strategy in strategies}
     summaries = {}
-    for strategy in strategies:
-        attacks, notes = attacks_on(exp, strategy, manifest, nodes, images, settings, seed)
+    for strategy, (attacks, notes) in attacked.items():
         frame = scored(attacks, manifest, perceptual)
         folder = federate_dir(exp, strategy)
         inputs = {"manifest": manifest.content_hash, "federate": file_sha256(folder / "config.json")}

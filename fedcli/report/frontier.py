@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from fedcli.plotting import pyplot
@@ -76,7 +75,8 @@ def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
     rows = {}
     for (strategy, attack, batch), found in pooled.items():
         label = f"{strategy}: {attack}" + (f" (batch {batch})" if attack in ("gradient", "round update") else "")
-        rows[label] = {"membership AUROC": "-", "calibrated AUROC": "-", "control AUROC": "-", "paired effect": "-", "effect significant": "-",
+        rows[label] = {"membership AUROC": "-", "calibrated AUROC": "-", "control AUROC": "-", "paired effect": "-",
+                       "effect significant": "-",
                        "members rebuilt": "-", "buffer closest records: members": "-",
                        "reconstructed by attack": Stat.of([r["reconstructed"]["ssim"]["share"] for r in found]),
                        "attack PSNR (dB)": Stat.of([r["psnr_mean"] for r in found]), "fidelity ratio": "-",
@@ -152,6 +152,6 @@ def regime_table(exp: Path) -> ReportTable:
                 "members": reading["members"], "control AUROC": f"{reading['auroc']:.3f}",
                 "95% interval": f"[{reading['ci_low']:.3f}, {reading['ci_high']:.3f}]",
                 "setting meets the rule": "yes" if setting["met"] else "no"}
-    frame = pd.DataFrame(rows).T if rows else pd.DataFrame(np.empty((0, 0)))
-    return ReportTable("regime", "Regime: where the unprotected generator leaks", frame, f"rule, fixed before the sweep: {regime['rule']}. {regime['said']}.",
+    return ReportTable("regime", "Regime: where the unprotected generator leaks", pd.DataFrame(rows).T,
+                       f"rule, fixed before the sweep: {regime['rule']}. {regime['said']}.",
                        rows_are="setting and node")
