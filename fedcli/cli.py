@@ -508,7 +508,8 @@ def audit_privacy(
     """Project real images into each generator's latent space and score what the buffers reveal.
 
     Empirical attack scores, not a formal privacy guarantee. Writes <exp>/audit/<node>/:
-    distances.csv, summary.json, histogram.png, pairs.png, nearest.png, roc.png, config.json.
+    distances.csv, summary.json, histogram.png, pairs.png, nearest.png, roc.png, config.json. A generator with
+    no latent (a VQ-VAE-2) is attacked through its buffer: each image's nearest buffer image.
     """
     from fedcli.audit.stage import audit
     from fedcli.report.tables import attacks_table, audit_table
@@ -518,13 +519,14 @@ def audit_privacy(
     if summaries:
         console.out.print(audit_table(summaries))
     for s in summaries:
-        verdict, effect = s["verdict"], s["privacy_effect"]
+        verdict, effect = s["verdict"], s.get("privacy_effect")
         colour = {"pass": "green", "fail": "red"}.get(verdict["result"], "yellow")
         reasons = f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else ""
-        console.out.print(f"node {s['node']}: [{colour}]{verdict['result']}[/{colour}]{reasons}; privacy effect "
-                          f"vs control: {effect['verdict']} (median ratio {effect['median_ratio']:.3f}, 95% CI "
-                          f"{effect['ci_low']:.3f}-{effect['ci_high']:.3f}, p = {effect['p_value']:.2g}; pixel "
-                          f"{effect['pixel']['verdict']}, independent network {effect['independent']['verdict']})"
+        compared = (f"privacy effect vs control: {effect['verdict']} (median ratio {effect['median_ratio']:.3f}, 95% "
+                    f"CI {effect['ci_low']:.3f}-{effect['ci_high']:.3f}, p = {effect['p_value']:.2g}; pixel "
+                    f"{effect['pixel']['verdict']}, independent network {effect['independent']['verdict']})"
+                    if effect else "attacked through its buffer alone (no latent to project, no control)")
+        console.out.print(f"node {s['node']}: [{colour}]{verdict['result']}[/{colour}]{reasons}; {compared}"
                           + audit_phase2_note(s))
         if "dp" in s:
             dp = s["dp"]

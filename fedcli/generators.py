@@ -83,7 +83,7 @@ class GeneratorKind(Protocol):
     """A kind of generator, registered by its `name` (`train-gan --generator NAME`)."""
 
     name: str
-    projectable: bool  # audit-privacy can invert its generators (Invertible); else it refuses the kind
+    projectable: bool  # audit-privacy can invert its generators (Invertible); else it attacks the buffer alone
     options: frozenset[str]  # the GanConfig fields it reads beyond the common ones; others must keep their default
     titles: dict[str, str]  # samples.png's panel title of each role
 

@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from fedcli.audit import controls, effects, scores
 from fedcli.audit.projection import ProjectionSettings, project
-from fedcli.audit.stage import Audited, check_inputs, summarize, tiny_node_control, verdict
+from fedcli.audit.stage import (Audited, buffer_attack, check_inputs, distances_to_buffer, summarize,
+                                tiny_node_control, verdict)
 from fedcli.config import AuditConfig
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
@@ -103,6 +104,33 @@ def test_buffer_nearest_neighbours_equal_a_brute_force_search(perceptual):
     brute = torch.tensor([[perceptual.model(rgb(q[None]), rgb(p[None])).item() for p in pool] for q in queries])
     assert torch.allclose(distance, brute.min(dim=1).values, atol=1e-6)
     assert torch.equal(index, brute.argmin(dim=1))
+
+
+@pytest.mark.parametrize("released", ["members", "non-members"])
+def test_the_buffer_attack_rebuilds_the_members_a_buffer_holds_and_none_it_does_not(perceptual, tmp_path, released):
+    """A kind with no latent is attacked through its buffer: each image's nearest buffer image is its
+    reconstruction. A buffer of the members themselves (decoded codes at their best) gives every member back and
+    AUROC 1; a buffer of the non-members gives the score's other extreme."""
+    members, others = digits(24), digits(24, offset=500)
+    images = torch.cat([members, others])
+    real = scores.distance_matrix(perceptual, images, images)
+    audited = Audited(images, torch.zeros(48, dtype=torch.long), [str(i) for i in range(48)],
+                      np.array([1] * 24 + [0] * 24), scores.nearest(real, exclude=torch.arange(48))[0],
+                      real[24:, :24].min(dim=1).values)
+    buffer = members if released == "members" else others
+    distances = distances_to_buffer(perceptual, buffer, audited)
+    frame, reconstructions = buffer_attack(buffer, audited, distances, Perceptual("alex", random_seed=1))
+    summary = summarize(frame, audited, distances, AuditConfig(exp=tmp_path), 0, "node0")
+    privacy = summary["generators"]["privacy"]
+    rebuilt = privacy["reconstruction_share"]
+    if released == "members":
+        assert torch.equal(reconstructions["buffer"][:24], members)
+        assert privacy["mia"]["auroc"] == 1.0 and rebuilt["members"] == 1.0 and rebuilt["leak"]
+        assert summary["verdict"]["result"] == "fail"
+    else:
+        assert torch.equal(reconstructions["buffer"][24:], others)
+        assert privacy["mia"]["auroc"] == 0.0 and rebuilt["non_members"] == 1.0 and not rebuilt["leak"]
+    assert summary["buffer"]["mia"]["auroc"] == privacy["mia"]["auroc"]
 
 
 def test_ssim_and_l2_are_zero_distance_for_identical_images():

@@ -307,12 +307,28 @@ def test_options_a_vqvae2_cannot_take_are_refused_in_one_line(chain, tmp_path, c
     assert says in line
 
 
-def test_code_replay_on_a_gan_experiment_and_an_audit_of_a_vqvae2_are_refused_in_one_line(chain, gan3_exp, tmp_path,
-                                                                                          cli):
+def test_code_replay_on_a_gan_experiment_is_refused_in_one_line(gan3_exp, tmp_path, cli):
     gan = copy_exp(gan3_exp, tmp_path / "gan")
     assert "replays VQ-VAE-2 codes" in cli.user_error("federate", "--exp", gan, "--strategy", "cwt-replay", *FED)
+
+
+def test_a_vqvae2_is_audited_through_its_buffer_and_refuses_the_projection_only_options(chain, tmp_path, cli):
     vq = copy_exp(chain[0], tmp_path / "vq")
-    assert "audit-privacy audits GAN generators" in cli.user_error("audit-privacy", "--exp", vq, "--threads", "1")
+    assert "--controls projects images into GAN generators" in cli.user_error(
+        "audit-privacy", "--exp", vq, "--controls", "--threads", "1")
+    assert not (vq / "audit").exists()
+    cli.ok("audit-privacy", "--exp", vq, "--node", "node0", "--max-images", "40", "--threads", "1")
+    folder = vq / "audit" / "node0"
+    assert {p.name for p in folder.iterdir()} == {"distances.csv", "summary.json", "pairs.png", "nearest.png",
+                                                  "roc.png", "config.json"}  # no paired effect: no histogram
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["attack"] == "nearest buffer image" and "privacy_effect" not in summary
+    assert set(summary["generators"]) == {"privacy"}
+    privacy = summary["generators"]["privacy"]  # the attack's scores are tested in test_buffer_attack.py
+    assert privacy["mia"]["auroc"] == summary["buffer"]["mia"]["auroc"]
+    frame = pd.read_csv(folder / "distances.csv")
+    assert len(frame) == 80 and set(frame.generator) == {"privacy"} and (frame.steps == 0).all()
+    assert set(json.loads((folder / "config.json").read_text())["inputs"]) == {"manifest", "buffer"}
 
 
 def test_the_engine_options_leave_a_train_gan_units_fingerprint_unchanged(tmp_path):
@@ -323,3 +339,37 @@ def test_the_engine_options_leave_a_train_gan_units_fingerprint_unchanged(tmp_pa
     distributed = GanConfig(exp=tmp_path, generator="vqvae2", engine="distributed", launch="local", timeout=60)
     assert plain(base, GAN_ENGINE_OPTIONS) == plain(distributed, GAN_ENGINE_OPTIONS)
     assert not GAN_ENGINE_OPTIONS & set(plain(base, GAN_ENGINE_OPTIONS))  # a recipe run before them: same key
+
+
+def test_a_recipe_audits_a_vqvae2_through_its_buffer_where_it_sets_audit(cli, tmp_path):
+    recipe = tmp_path / "vq.toml"
+    recipe.write_text("""
+[partition]
+nodes = 2
+image-size = 16
+
+[train_gan]
+generator = "vqvae2"
+iterations = 20
+batch = 16
+vq-channels = 32
+vq-codebook = 32
+vq-dim = 16
+buffer-size = 24
+fidelity-seeds = 0
+
+[federate]
+strategy = ["feder"]
+rounds = 1
+epochs = 1
+init-epochs = 0
+bootstrap = 10
+""")
+    exp = tmp_path / "exp"
+    out = cli.ok("run", recipe, "--exp", exp, "--threads", "1").stdout
+    assert "audit-privacy: not run, a vqvae2 generator is audited by its buffer where the recipe sets [audit]" in out
+    assert not (exp / "audit").exists()
+    recipe.write_text(recipe.read_text() + "\n[audit]\nmax-images = 20\n")
+    cli.ok("run", recipe, "--exp", exp, "--threads", "1")
+    assert json.loads((exp / "audit" / "node1" / "summary.json").read_text())["attack"] == "nearest buffer image"
+    assert "Privacy summary per node" in (exp / "report" / "report.md").read_text()

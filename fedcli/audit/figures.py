@@ -12,7 +12,8 @@ import torch
 from fedcli.plotting import pyplot
 
 LABELS = {"standard": "standard GAN (phase 1)", "control": "control (phase 2 at alpha 0)",
-          "privacy": "privacy-preserving GAN (phase 2)", "reference": "reference GAN (without the members)"}
+          "privacy": "privacy-preserving GAN (phase 2)", "reference": "reference GAN (without the members)",
+          "buffer": "nearest buffer image"}  # a kind with no latent: the released buffer is attacked
 
 
 def to_display(images: torch.Tensor) -> np.ndarray:
@@ -58,10 +59,11 @@ def histogram(path: Path, frame: pd.DataFrame, node: str, network: str, effect: 
     plt.close(fig)
 
 
-def pairs(path: Path, members: torch.Tensor, reconstructions: dict[str, torch.Tensor], node: str, n: int = 8) -> None:
+def pairs(path: Path, members: torch.Tensor, reconstructions: dict[str, torch.Tensor], node: str, what: str,
+          n: int = 8) -> None:
     rows = [("real (member)", to_display(members[:n]))]
     rows += [(LABELS[name], to_display(images[:n])) for name, images in reconstructions.items()]
-    image_rows(path, rows, f"{node}: real images and their best projections")
+    image_rows(path, rows, f"{node}: real images and their {what}")
 
 
 def nearest(path: Path, buffer: torch.Tensor, reals: torch.Tensor, distances: torch.Tensor, index: torch.Tensor,
@@ -73,7 +75,7 @@ def nearest(path: Path, buffer: torch.Tensor, reals: torch.Tensor, distances: to
                + ", ".join(f"{d:.3f}" for d in distances[order].tolist()) + ")")
 
 
-def roc(path: Path, frame: pd.DataFrame, node: str) -> None:
+def roc(path: Path, frame: pd.DataFrame, node: str, score: str = "projection LPIPS") -> None:
     from sklearn.metrics import roc_auc_score, roc_curve
 
     plt = pyplot()
@@ -84,7 +86,7 @@ def roc(path: Path, frame: pd.DataFrame, node: str) -> None:
     axis.plot([0, 1], [0, 1], "k:", lw=1)
     axis.set_xlabel("false positive rate")
     axis.set_ylabel("true positive rate")
-    axis.set_title(f"{node}: membership inference (score = -projection LPIPS)", fontsize=8)
+    axis.set_title(f"{node}: membership inference (score = -{score})", fontsize=8)
     axis.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)

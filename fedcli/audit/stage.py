@@ -10,8 +10,9 @@ in the training LPIPS, in pixels and in an audit-only LPIPS network that shares 
 loss (fedcli/audit/effects.py); projection distances also feed membership inference and
 reconstruction shares (and, when train-gan made a reference GAN without the scored members, the
 calibrated attack GAN-Leaks-cal: the distance under a generator minus under the reference), and the
-buffer is audited by its distance to closest record. These are
-empirical attack scores, not a formal privacy guarantee.
+buffer is audited by its distance to closest record and by membership from each image's nearest buffer image. A
+kind with no latent (the VQ-VAE-2) is attacked through its buffer alone: each image's nearest buffer image stands
+for its projection. These are empirical attack scores, not a formal privacy guarantee.
 
 Writes `<exp>/audit/<node>/`: distances.csv, summary.json, histogram.png, pairs.png,
 nearest.png, roc.png, config.json. With --shared, also the reconstruction attacks on what each federation
@@ -74,8 +75,7 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str, seed: int) -> 
     folder = gan_dir(cfg.exp, node)
     kind = recorded_kind(read_gan_config(cfg.exp, manifest, node)) if (folder / "config.json").is_file() else None
     if kind is not None and not getattr(kind, "projectable", True):
-        raise UserError(f"node {node}'s generator is a {kind.name}, and audit-privacy audits GAN generators by latent "
-                        "projection; audit an experiment trained with --generator stylegan2")
+        return check_buffer_inputs(cfg, manifest, node, kind.name)
     for name in (*GENERATORS.values(), BUFFER):
         if not (folder / name).is_file():
             raise UserError(f"node {node} has no {name} in {folder} (the audit needs the standard, control and "
@@ -94,6 +94,19 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str, seed: int) -> 
                       else (None, None))
     return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], reseeded,
                       tiny, check_reference(cfg, manifest, node, seed, saved))
+
+
+def check_buffer_inputs(cfg: AuditConfig, manifest: Manifest, node: str, kind: str) -> NodeInputs:
+    """A kind with no latent to project (the VQ-VAE-2) is audited by its buffer alone: no generator is read."""
+    for flag, asked in (("--standard", cfg.standard), ("--controls", cfg.controls)):
+        if asked:
+            raise UserError(f"{flag} projects images into GAN generators, and node {node}'s generator is a {kind} with "
+                            f"no latent; drop it (a {kind} is audited by its released buffer alone)")
+    folder = gan_dir(cfg.exp, node)
+    if not (folder / BUFFER).is_file():
+        raise UserError(f"node {node} has no {BUFFER} in {folder}; run fedcli train-gan --exp {cfg.exp} --overwrite")
+    saved = read_gan_config(cfg.exp, manifest, node)
+    return NodeInputs(saved, {}, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], None, None, None)
 
 
 def check_reference(cfg: AuditConfig, manifest: Manifest, node: str, seed: int, saved: dict) -> nn.Module | None:
@@ -172,9 +185,15 @@ def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[
                      "so projection distances say little about memorisation below 128 px")
     networks = {net: (fast_layout(Perceptual(net, cfg.lpips_weights), device),
                       fast_layout(Perceptual(net, random_seed=INDEPENDENT_SEED), device))
-                for net in {inputs[node].saved["lpips"]["net"] for node in nodes}}
-    return [audit_node(cfg, manifest, node, inputs[node], seed, networks[inputs[node].saved["lpips"]["net"]], device)
+                for net in {lpips_net(inputs[node]) for node in nodes}}
+    return [audit_node(cfg, manifest, node, inputs[node], seed, networks[lpips_net(inputs[node])], device)
             for node in nodes]
+
+
+def lpips_net(inputs: NodeInputs) -> str:
+    """The LPIPS backbone a node is measured in: its GAN's training one; alex (the attacks') for a kind trained
+    without LPIPS."""
+    return inputs.saved.get("lpips", {}).get("net", "alex")
 
 
 def fast_layout(module: torch.nn.Module, device: str) -> torch.nn.Module:
@@ -203,12 +222,17 @@ class Audited:
 def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs, seed: int,
                networks: tuple[Perceptual, Perceptual], device: str) -> dict:
     """One node, in named steps: the audited images, their projections into each generator, the scores,
-    the folder. `networks`: the LPIPS the node's generators were trained against, and the audit-only one."""
+    the folder. `networks`: the LPIPS the node's generators were trained against, and the audit-only one. A kind
+    with no latent (no generator in `inputs`) is attacked through its buffer alone (`buffer_attack`)."""
     train, test = NodeDataset(manifest, node, "train"), NodeDataset(manifest, node, "test")
     audited = audited_images(cfg, train, test, networks[0], seed, node, device)
-    start, frame, reconstructions = project_node(cfg, inputs, audited, networks, seed, node, device)
     buffer_images = to_float(inputs.buffer).to(device)
     buffer_distances = distances_to_buffer(networks[0], buffer_images, audited)
+    projected = bool(inputs.generators)
+    if projected:
+        start, frame, reconstructions = project_node(cfg, inputs, audited, networks, seed, node, device)
+    else:
+        frame, reconstructions = buffer_attack(buffer_images, audited, buffer_distances, networks[1])
     summary = score_node(cfg, inputs, frame, audited, buffer_distances, networks, seed, node)
     if cfg.controls:
         summary["controls"] = audit_controls(cfg, inputs, frame, audited, start, networks, seed, node, device)
@@ -216,11 +240,14 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     with staged_output(audit_dir(cfg.exp, node), cfg.overwrite) as out:
         write_csv(out / "distances.csv", frame)
         write_json(out / "summary.json", summary)
-        figures.histogram(out / "histogram.png", frame, node, networks[0].name, summary["privacy_effect"])
-        figures.pairs(out / "pairs.png", audited.images[:audited.members], reconstructions, node)
+        if "privacy_effect" in summary:
+            figures.histogram(out / "histogram.png", frame, node, networks[0].name, summary["privacy_effect"])
+        figures.pairs(out / "pairs.png", audited.images[:audited.members], reconstructions, node,
+                      "best projections" if projected else "nearest buffer images")
         figures.nearest(out / "nearest.png", buffer_images, audited.images,
                         *(torch.from_numpy(buffer_distances[k]) for k in ("buffer_to_real", "nearest_real")), node)
-        figures.roc(out / "roc.png", frame, node)
+        figures.roc(out / "roc.png", frame if projected else frame.assign(generator="buffer"), node,
+                    "projection LPIPS" if projected else "LPIPS to the nearest buffer image")
         write_json(out / "config.json", provenance("audit-privacy", to_json(cfg), seed,
                                                    audited_hashes(cfg, manifest, node, inputs))
                    | {"files": record_files(out)})
@@ -278,6 +305,7 @@ def score_node(cfg: AuditConfig, inputs: NodeInputs, frame: pd.DataFrame, audite
                 "lpips_weights_sha256": perceptual.weights_sha256, "independent_network": independent.name,
                 "steps": cfg.steps, "optimize_noise": cfg.optimize_noise,
                 "phase2_kept_iteration": inputs.saved.get("phase2", {}).get("kept_iteration"),  # StyleGAN's record
+                "attack": "latent projection" if inputs.generators else "nearest buffer image",
                 "note": "empirical attack scores, not a formal privacy guarantee"}
     if "dp" in inputs.saved:  # train-gan --dp-epsilon: the formal guarantee, and the attack's sanity bound
         dp = inputs.saved["dp"]
@@ -292,8 +320,10 @@ def score_node(cfg: AuditConfig, inputs: NodeInputs, frame: pd.DataFrame, audite
 def audited_hashes(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInputs) -> dict[str, str]:
     """The inputs config.json names: the partition and every generator file audited, and the buffer."""
     folder = gan_dir(cfg.exp, node)
-    audited_files = (AUDITED | (AUDITED_CONTROLS if cfg.controls else {})
-                     | ({"reference": GENERATOR_REFERENCE} if inputs.reference is not None else {}))
+    audited_files = {"buffer": BUFFER}  # a kind with no latent: its buffer alone
+    if inputs.generators:
+        audited_files = (AUDITED | (AUDITED_CONTROLS if cfg.controls else {})
+                         | ({"reference": GENERATOR_REFERENCE} if inputs.reference is not None else {}))
     return {"manifest": manifest.content_hash} | {name: file_sha256(folder / f) for name, f in audited_files.items()}
 
 
@@ -325,16 +355,33 @@ def project_generators(cfg: AuditConfig, generators: dict, audited: Audited, sta
                 lpips.append(result.lpips)
                 progress.batch_done(len(result.lpips))
         reconstructions[name] = torch.cat(recon)
-        lp = torch.cat(lpips).cpu()
-        with torch.no_grad():
-            other = independent(reconstructions[name], audited.images).cpu()
-        l2 = scores.pixel_l2(reconstructions[name], audited.images).cpu()
-        ss = scores.ssim(reconstructions[name], audited.images).cpu()
-        rows += [{"image_id": i, "member": int(m), "label": int(y), "generator": name, "lpips": float(a),
-                  "lpips_independent": float(o), "l2": float(b), "ssim": float(c), "steps": cfg.steps}
-                 for i, m, y, a, o, b, c in zip(audited.ids, audited.is_member, audited.labels.tolist(), lp, other,
-                                                l2, ss)]
+        rows += distance_rows(name, reconstructions[name], torch.cat(lpips), audited, independent, cfg.steps)
     return pd.DataFrame(rows), reconstructions
+
+
+def distance_rows(name: str, reconstructions: torch.Tensor, lpips: torch.Tensor, audited: Audited,
+                  independent: Perceptual, steps: int) -> list[dict]:
+    """One row per audited image: its reconstruction's distances to it in the training LPIPS (`lpips`, given),
+    the audit-only network, pixels and SSIM."""
+    with torch.no_grad():
+        other = independent(reconstructions, audited.images).cpu()
+    l2 = scores.pixel_l2(reconstructions, audited.images).cpu()
+    ss = scores.ssim(reconstructions, audited.images).cpu()
+    return [{"image_id": i, "member": int(m), "label": int(y), "generator": name, "lpips": float(a),
+             "lpips_independent": float(o), "l2": float(b), "ssim": float(c), "steps": steps}
+            for i, m, y, a, o, b, c in zip(audited.ids, audited.is_member, audited.labels.tolist(), lpips.cpu(), other,
+                                           l2, ss)]
+
+
+def buffer_attack(buffer_images: torch.Tensor, audited: Audited, distances: dict[str, np.ndarray],
+                  independent: Perceptual) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
+    """The attack on a kind with no latent to project: an attacker who holds the released buffer takes each audited
+    image's nearest buffer image (training LPIPS) as its reconstruction, so a member closer to the buffer than the
+    non-members is the membership signal, and a buffer of decoded codes (a reconstruction of every training image)
+    rebuilds its members. Rows as a projection's, under the released generator's name ("privacy")."""
+    nearest = buffer_images[torch.from_numpy(distances["nearest_buffer"]).to(buffer_images.device)]
+    rows = distance_rows("privacy", nearest, torch.from_numpy(distances["real_to_buffer"]), audited, independent, 0)
+    return pd.DataFrame(rows), {"buffer": nearest}
 
 
 def same_weights(first: torch.nn.Module, second: torch.nn.Module) -> bool:
@@ -349,7 +396,9 @@ def distances_to_buffer(perceptual: Perceptual, buffer_images: torch.Tensor, aud
     image's distance to the nearest member; with the real-to-real distances the buffer scores use."""
     synthetic = scores.distance_matrix(perceptual, buffer_images, audited.images)
     buffer_to_real, nearest_real = scores.nearest(synthetic)
-    distances = {"real_to_buffer": synthetic.min(dim=0).values, "buffer_to_real": buffer_to_real,
+    to_buffer = synthetic.min(dim=0)
+    distances = {"real_to_buffer": to_buffer.values, "nearest_buffer": to_buffer.indices,
+                 "buffer_to_real": buffer_to_real,
                  "nearest_real": nearest_real, "buffer_to_members": synthetic[:, :audited.members].min(dim=1).values,
                  "non_members_to_members": audited.non_members_to_members}
     return {k: v.cpu().numpy() for k, v in distances.items()}
@@ -444,6 +493,8 @@ def summarize(frame: pd.DataFrame, audited: Audited, distances: dict[str, np.nda
         "member_nearest_lpips_median": float(np.median(real_to_buffer[is_member == 1])),
         "non_member_nearest_lpips_mean": float(real_to_buffer[is_member == 0].mean()),
         "synthetic_nearest_real_lpips_mean": float(distances["buffer_to_real"].mean()),
+        # every kind's one common attack: an audited image's distance to its nearest buffer image as the score
+        "mia": effects.membership(real_to_buffer, is_member, numpy_stream(seed, node, "audit-buffer", "membership")),
         **effects.buffer_records(distances["nearest_real"], is_member, distances["buffer_to_members"],
                                  distances["non_members_to_members"], numpy_stream(seed, node, "audit-buffer")),
     }

@@ -119,7 +119,7 @@ def prior_architecture(cfg: GanConfig, arch: VqArchitecture) -> PriorArchitectur
 
 class VqVae2Kind:
     name = "vqvae2"
-    projectable = False  # no latent to project: audit-privacy refuses it
+    projectable = False  # no latent to project: audit-privacy attacks its buffer alone
     options = frozenset({"iterations", "batch", "dp_epsilon", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim",
                          "vq_channels", "prior_iterations", "prior_channels", "prior_layers"})
     titles = {RELEASED: "released buffer: prior samples (decoded codes without a prior)",

@@ -139,8 +139,12 @@ class Recipe:
         """Whether the recipe sets a [train_gan] or [audit] option for `point` (beyond --threads and the options only
         the attacks on shared data read): it wants generators trained and audited even where no strategy reads
         their buffers."""
+        return self.sets(point, "train_gan") or self.sets(point, "audit")
+
+    def sets(self, point: Point, table: str) -> bool:
+        """Whether the recipe sets an option of `table` for `point` beyond --threads and the attacks' options."""
         return any(name != "threads" and name.replace("-", "_") not in ATTACK_OPTIONS
-                   for table in ("train_gan", "audit") for name in point.tables(self.stages)[table])
+                   for name in point.tables(self.stages)[table])
 
     def units(self) -> int:
         """Units of work `fedcli run` may start: per sub-experiment partition, train-gan and audit-privacy (where

@@ -119,13 +119,15 @@ class Runner:
                               "strategy reads a buffer and the recipe sets no [train_gan] or [audit]", soft_wrap=True,
                               markup=False)
             return False
-        if not getattr(generator_kind(gan.generator), "projectable", True):  # the audit inverts GANs only
+        if not getattr(generator_kind(gan.generator), "projectable", True):  # audited by its buffer alone
             if regime:
-                raise UserError(f"[regime] reads the generator audit, which a {gan.generator} generator has no latent "
-                                "for; use train_gan.generator = \"stylegan2\" there")
-            console.out.print(f"{point.name + ': ' if point.name else ''}audit-privacy: not run, a {gan.generator} "
-                              "generator has no latent to project", soft_wrap=True)
-            return False
+                raise UserError(f"[regime] reads the alpha-0 control's membership, which a {gan.generator} generator "
+                                "has none of; use train_gan.generator = \"stylegan2\" there")
+            if not self.recipe.sets(point, "audit"):
+                console.out.print(f"{point.name + ': ' if point.name else ''}audit-privacy: not run, a "
+                                  f"{gan.generator} generator is audited by its buffer where the recipe sets [audit]",
+                                  soft_wrap=True, markup=False)
+                return False
         a_fp = fingerprint("audit-privacy", plain(audit, ATTACK_OPTIONS), [p_fp, g_fp])
         return self.unit(folder, point.name, "audit-privacy", a_fp, "audit",
                          lambda: stage_run("fedcli.audit.stage", dataclasses.replace(audit, shared=False)))

@@ -186,11 +186,17 @@ def replicate_groups(subs: list[SubExperiment]) -> dict[str, list[SubExperiment]
     return groups
 
 
+def stylegan_subs(subs: list[SubExperiment]) -> list[SubExperiment]:
+    """The sub-experiments whose generators are all StyleGAN2s: what the tables over its settings (alpha, DP)
+    compare (a VQ-VAE-2 has neither setting)."""
+    return [s for s in subs if all(g["config"].get("generator", "stylegan2") == "stylegan2" for g in s.gans)]
+
+
 def by_dp_setting(subs: list[SubExperiment]) -> dict[float | None, list[SubExperiment]]:
-    """Sub-experiments by their GANs' --dp-epsilon (None: no DP; inf: the DP path without noise), targets in
-    increasing order, then inf, then no DP; a sub-experiment whose nodes differ, or without GANs, is left out."""
+    """StyleGAN sub-experiments by their GANs' --dp-epsilon (None: no DP; inf: the DP path without noise), targets
+    in increasing order, then inf, then no DP; a sub-experiment whose nodes differ, or without GANs, is left out."""
     groups: dict[float | None, list[SubExperiment]] = {}
-    for sub in subs:
+    for sub in stylegan_subs(subs):
         settings = {g["config"].get("dp_epsilon") for g in sub.gans}
         if len(settings) == 1:
             groups.setdefault(settings.pop(), []).append(sub)

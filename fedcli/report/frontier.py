@@ -21,12 +21,16 @@ TITLE = "Privacy against utility: what each method's shared data reveals, and wh
 
 def generator_setting(sub: SubExperiment) -> tuple[str, str, float, str] | None:
     """(curve, label, place on the curve, the place's name) of a sub-experiment's generators: FedER's privacy loss
-    of one form at its alpha, DP at its epsilon, or none; None when its nodes' generators differ or it has none."""
+    of one form at its alpha, DP at its epsilon, or none; a VQ-VAE-2's decoded codes or prior samples; None when its
+    nodes' generators differ or it has none."""
     settings = {(g["config"].get("generator", "stylegan2"), g["config"].get("alpha"), g["config"].get("privacy_loss"),
-                 g["config"].get("dp_epsilon")) for g in sub.gans}
+                 g["config"].get("dp_epsilon"), g["config"].get("prior_iterations")) for g in sub.gans}
     if len(settings) != 1:
         return None
-    kind, alpha, loss, epsilon = settings.pop()
+    kind, alpha, loss, epsilon, prior = settings.pop()
+    if kind == "vqvae2":  # no privacy setting: what it releases
+        what = "prior samples" if prior else "decoded codes"
+        return f"VQ-VAE-2 {what}", f"VQ-VAE-2: {what}", 0.0, what
     prefix = "" if kind == "stylegan2" else f"{kind} "
     if epsilon not in (None, "off"):
         place = f"epsilon {float(epsilon):g}"
@@ -45,12 +49,14 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
     rows = {}
     for label, reps in groups.items():
         audits = [a for s in reps for a in s.audits]
-        controlled = not any("dp" in a for a in audits)  # a DP generator is its own control: no phase 2
+        # a DP generator is its own control (no phase 2); a VQ-VAE-2 has none
+        controlled = not any("dp" in a or "control" not in a["generators"] for a in audits)
         effects = [a["privacy_effect"]["verdict"] for a in audits if "privacy_effect" in a]
         rows[label] = {
             "membership AUROC": Stat.of([a["generators"]["privacy"]["mia"]["auroc"] for a in audits]),
             "calibrated AUROC": Stat.of([a["generators"]["privacy"]["mia_calibrated"]["auroc"] for a in audits
                                          if "mia_calibrated" in a["generators"]["privacy"]]),
+            "buffer membership AUROC": Stat.of([a["buffer"]["mia"]["auroc"] for a in audits if "mia" in a["buffer"]]),
             "control AUROC": Stat.of([a["generators"]["control"]["mia"]["auroc"] for a in audits])
             if controlled else "-",
             "paired effect": Stat.of([a["privacy_effect"]["median_ratio"] for a in audits if "privacy_effect" in a])
@@ -75,7 +81,8 @@ def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
     rows = {}
     for (strategy, attack, batch), found in pooled.items():
         label = f"{strategy}: {attack}" + (f" (batch {batch})" if attack in ("gradient", "round update") else "")
-        rows[label] = {"membership AUROC": "-", "calibrated AUROC": "-", "control AUROC": "-", "paired effect": "-",
+        rows[label] = {"membership AUROC": "-", "calibrated AUROC": "-", "buffer membership AUROC": "-",
+                       "control AUROC": "-", "paired effect": "-",
                        "effect significant": "-",
                        "members rebuilt": "-", "buffer closest records: members": "-",
                        "reconstructed by attack": Stat.of([r["reconstructed"]["ssim"]["share"] for r in found]),
@@ -94,7 +101,9 @@ def frontier_table(subs: list[SubExperiment], metric: str) -> Built:
     return ReportTable("privacy_frontier", TITLE, frame,
                        "mean ± std over nodes and seeds. Membership (generators): the GAN-Leaks attack's AUROC on the "
                        "released generator (calibrated by a reference GAN without the members where train-gan "
-                       "--reference made one) and on its alpha-0 control (0.5 = no leak), the paired effect (median "
+                       "--reference made one; for a VQ-VAE-2, which has no latent to project, each image's distance "
+                       "to its nearest buffer image), the same nearest-buffer-image attack on every method's buffer "
+                       "(buffer membership), and on its alpha-0 control (0.5 = no leak), the paired effect (median "
                        "per-member ratio of the released generator's projection distance to the control's, > 1 = "
                        "pushed away) and on how many nodes it is significant (and above the non-members'). "
                        "Reconstruction: members rebuilt by projection closer than their nearest other real image; "
@@ -129,7 +138,7 @@ def frontier_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
         x, y = row["reconstructed by attack"], row[metric]
         right.errorbar([x.mean], [y.mean], xerr=[x.std], yerr=[y.std], marker="s", capsize=3, label=label)
     left.axvline(0.5, color="grey", linewidth=0.8, linestyle=":")
-    left.set_xlabel("membership AUROC of the released generator (0.5 = no leak)")
+    left.set_xlabel("membership AUROC of the released generator (0.5 = no leak; VQ-VAE-2: of its buffer)")
     right.set_xlabel("share of images reconstructed (closer to their own than to any other)")
     left.set_ylabel(f"federated {metric}")
     for axis, title in ((left, "Membership"), (right, "Reconstruction")):

@@ -21,7 +21,7 @@ from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.fl.transport import EVERYONE
 from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, by_skew, cross_scores, dp_label, own_rows,
-                                   own_scores, source_of, variant_label)
+                                   own_scores, source_of, stylegan_subs, variant_label)
 from fedcli.report.paired import paired_bootstrap_frame
 
 # the table families strategies declare (fl/strategies/): Tables 2, 4 and the paired table, 7, and 3
@@ -489,7 +489,7 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
         mine = [a for a in audits if a["node"] == node]
         generators = {name: [a["generators"][name] for a in mine if name in a["generators"]]
                       for name in ("standard", "control", "privacy")}
-        effects = [a["privacy_effect"] for a in mine]
+        effects = [a["privacy_effect"] for a in mine if "privacy_effect" in a]  # a VQ-VAE-2 has no control
         rows[node] = {
             "LPIPS ctrl": Stat.of([g["member_lpips_mean"] for g in generators["control"]]),
             "LPIPS priv": Stat.of([g["member_lpips_mean"] for g in generators["privacy"]]),
@@ -724,7 +724,7 @@ def alpha_table(subs: list[SubExperiment], metric: str) -> Built:
     """Per privacy-loss weight: FID, synthetic-to-nearest-real LPIPS, membership AUROC, FedER accuracy."""
     title = "GAN privacy weight alpha: fidelity against distance to the real images"
     by_alpha: dict[float, list[SubExperiment]] = defaultdict(list)
-    for s in subs:
+    for s in stylegan_subs(subs):
         alphas = {g["config"]["alpha"] for g in s.gans}
         if len(alphas) == 1:
             by_alpha[alphas.pop()].append(s)

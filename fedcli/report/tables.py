@@ -175,11 +175,12 @@ def audit_table(summaries: list[dict]) -> Table:
                    "rebuilt m/nm", "buffer share", "verdict"):
         table.add_column(column, justify="left" if column in ("node", "effect", "verdict") else "right")
     for s in summaries:
-        ctrl, priv = s["generators"]["control"], s["generators"]["privacy"]
-        effect, rebuilt = s["privacy_effect"], priv["reconstruction_share"]
-        table.add_row(s["node"], str(s["members"]), f"{ctrl['member_lpips_mean']:.4f}",
-                      f"{priv['member_lpips_mean']:.4f}", f"{effect['median_ratio']:.3f} {effect['verdict']}",
-                      f"{ctrl['mia']['auroc']:.3f}", f"{priv['mia']['auroc']:.3f}",
+        priv, rebuilt = s["generators"]["privacy"], s["generators"]["privacy"]["reconstruction_share"]
+        ctrl, effect = s["generators"].get("control"), s.get("privacy_effect")  # a VQ-VAE-2's buffer has neither
+        table.add_row(s["node"], str(s["members"]), f"{ctrl['member_lpips_mean']:.4f}" if ctrl else "-",
+                      f"{priv['member_lpips_mean']:.4f}",
+                      f"{effect['median_ratio']:.3f} {effect['verdict']}" if effect else "-",
+                      f"{ctrl['mia']['auroc']:.3f}" if ctrl else "-", f"{priv['mia']['auroc']:.3f}",
                       f"{rebuilt['members']:.2f}/{rebuilt['non_members']:.2f}", f"{s['buffer']['dcr_share']:.3f}",
                       s["verdict"]["result"])
     return table
