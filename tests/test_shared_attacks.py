@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from fedcli.artifacts import load_tensors
-from fedcli.audit.shared_attacks import in_matched_order
+from fedcli.audit.shared_attacks import Attack, decoy_scores, in_matched_order
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.models.classifier import build_classifier
 from fedcli.models.cuts import split
+from fedcli.rng import torch_stream
 
 RECIPE = """
 [partition]
@@ -93,6 +94,7 @@ def test_the_attacks_rebuild_the_patients_behind_the_stems_output_and_score_ever
     for strategy in ("fedreplay", "splitnn"):  # the stem keeps an image: white-box inversion rebuilds it
         for row in summaries[strategy]["attacks"]:
             assert row["reconstructed"]["ssim"]["share"] == 1.0 and row["psnr_mean"] > 25, (strategy, row)
+            assert row["chance"]["ssim"]["share"] < 0.5  # other patients' images do not pass for these
             assert row["psnr_mean"] > row["psnr_nearest_other_mean"] + 5
     gradient = [(r["node"], r["attack"], r["batch"], r["images"]) for r in summaries["fedavg"]["attacks"]]
     first = manifest.node_names[0]  # two nodes: its peer recovers its first round's update by subtraction
@@ -131,6 +133,25 @@ def test_a_batch_is_scored_in_the_order_that_matches_it_best():
     originals = torch.linspace(-1, 1, 5 * 4).view(5, 1, 2, 2)
     shuffled = originals[torch.tensor([3, 0, 4, 1, 2])] + 0.01
     assert torch.equal(in_matched_order(shuffled, originals), originals + 0.01)
+
+
+def test_chance_pairs_decoys_with_a_batch_as_its_reconstructions_were_paired_and_not_otherwise():
+    """Decoys that are near copies of the attacked images: matched to a gradient batch they "rebuild" every image
+    whose copy was drawn; in the order a latent attack keeps, only those drawn in their own image's place."""
+    from fedcli.data.sources.digits import load_digit_images
+    from fedcli.gan.perceptual import Perceptual
+
+    originals = torch.from_numpy(load_digit_images()[0][:4]).unsqueeze(1) * 2 - 1
+    others = torch.cat([originals + 0.01, torch.zeros(1, *originals.shape[1:])])  # four copies and a blank
+    perceptual = Perceptual("alex")
+    for attack, paired in (("gradient", True), ("latents", False)):
+        order = torch.randperm(5, generator=torch_stream(0, "n", "attack-decoys", attack, 4))[:4]
+        chance = decoy_scores(Attack("n", attack, 4, torch.arange(4), originals, 0.0), originals, others, perceptual,
+                              0)["reconstructed_psnr"]
+        if paired:
+            assert int((order < 4).sum()) <= int(chance.sum()) and int((order < 4).sum()) >= 3
+        else:
+            assert chance.tolist() == (order == torch.arange(4)).tolist()
 
 
 def test_nothing_to_attack_is_one_line(cli, tmp_path):

@@ -24,7 +24,9 @@ for the CPU, with `--attack-restarts` starts per image instead).
 
 Each reconstruction is scored against its original and against the nearest real image of its node outside the
 attacked set (PSNR, SSIM and LPIPS, audit/scores.py): "reconstructed" means closer to that patient than to any
-other. Writes `<exp>/attacks/<strategy>/`: reconstructions.csv, summary.json, reconstructions.png, config.json.
+other. Beside it, chance: the share that as many real images of other patients of the node (decoys, drawn by the
+seed) reach under the same scoring, matched to a batch as its reconstructions are, so a failed attack's share is
+read against what matching alone hands it. Writes `<exp>/attacks/<strategy>/`: reconstructions.csv, summary.json, reconstructions.png, config.json.
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ class Attack:
     index: torch.Tensor  # positions in the node's training set
     reconstructions: torch.Tensor  # [-1, 1]
     seconds: float
+
+    @property
+    def matched(self) -> bool:
+        """Whether its reconstructions were put in the order that matches the batch best (a gradient's come out in
+        none)."""
+        return self.attack in ("gradient", "round update") and self.batch > 1
 
 
 ATTACKED_TRANSFERS = ("latents", "activations", "all-reduce")
@@ -228,9 +236,9 @@ def in_matched_order(reconstructions: torch.Tensor, originals: torch.Tensor) -> 
     return reconstructions[order]
 
 
-def scored(attacks: list[Attack], manifest: Manifest, perceptual) -> pd.DataFrame:
+def scored(attacks: list[Attack], manifest: Manifest, perceptual, seed: int) -> pd.DataFrame:
     """One row per reconstructed image: its scores against the original and the nearest real image of its node
-    outside the attacked set."""
+    outside the attacked set, and whether its decoy (`chance_reconstructed_*`) reached its original so."""
     rows, datasets = [], {}
     for attack in attacks:
         if attack.node not in datasets:  # each node's images read once for all its attacks
@@ -239,14 +247,30 @@ def scored(attacks: list[Attack], manifest: Manifest, perceptual) -> pd.DataFram
         outside = torch.ones(len(train), dtype=torch.bool)
         outside[attack.index] = False
         others = to_float(torch.cat([train.images[outside], test.images]))
-        result = scores.reconstruction_scores(perceptual, attack.reconstructions, to_float(train.images[attack.index]),
-                                              others)
+        originals = to_float(train.images[attack.index])
+        result = scores.reconstruction_scores(perceptual, attack.reconstructions, originals, others)
+        chance = decoy_scores(attack, originals, others, perceptual, seed)
         for k, i in enumerate(attack.index.tolist()):
             rows.append({"node": attack.node, "attack": attack.attack, "batch": attack.batch,
                          "id": train.records[i]["id"], "index": i}
                         | {name: float(value[k]) if value.is_floating_point() else int(value[k])
-                           for name, value in result.items()})
+                           for name, value in result.items()}
+                        | {f"chance_reconstructed_{name}": int(chance[f"reconstructed_{name}"][k]) for name in SCORES})
     return pd.DataFrame(rows)
+
+
+def decoy_scores(attack: Attack, originals: torch.Tensor, others: torch.Tensor, perceptual,
+                 seed: int) -> dict[str, torch.Tensor]:
+    """As many of `others` (real images of other patients) as the attack rebuilt, drawn by the seed, matched to the
+    originals as the attack's reconstructions were, and scored as they are against the rest of `others`."""
+    if len(others) <= len(originals):
+        raise UserError(f"node {attack.node} holds {len(others)} images outside the {len(originals)} attacked, too "
+                        "few to draw as many decoys and still leave others to compare with; lower --attack-images")
+    order = torch.randperm(len(others), generator=torch_stream(seed, attack.node, "attack-decoys", attack.attack,
+                                                                attack.batch))
+    decoys, rest = others[order[:len(originals)]], others[order[len(originals):]]
+    return scores.reconstruction_scores(perceptual, in_matched_order(decoys, originals) if attack.matched else decoys,
+                                        originals, rest)
 
 
 def summarize(frame: pd.DataFrame) -> list[dict]:
@@ -254,15 +278,16 @@ def summarize(frame: pd.DataFrame) -> list[dict]:
     interval."""
     out = []
     for (node, attack, batch), group in frame.groupby(["node", "attack", "batch"], sort=False):
-        reconstructed = {}
+        reconstructed, chance = {}, {}
         for name in SCORES:
-            hits, n = int(group[f"reconstructed_{name}"].sum()), len(group)
-            low, high = clopper_pearson(hits, n)
-            reconstructed[name] = {"share": hits / n, "ci_low": low, "ci_high": high}
+            for shares, column in ((reconstructed, f"reconstructed_{name}"), (chance, f"chance_reconstructed_{name}")):
+                hits, n = int(group[column].sum()), len(group)
+                low, high = clopper_pearson(hits, n)
+                shares[name] = {"share": hits / n, "ci_low": low, "ci_high": high}
         out.append({"node": node, "attack": attack, "batch": int(batch), "images": len(group)}
                    | {f"{name}_mean": float(group[name].mean()) for name in SCORES}
                    | {f"{name}_nearest_other_mean": float(group[f"{name}_nearest_other"].mean()) for name in SCORES}
-                   | {"reconstructed": reconstructed})
+                   | {"reconstructed": reconstructed, "chance": chance})
     return out
 
 
@@ -299,7 +324,7 @@ def run_attacks(exp: Path, manifest: Manifest, nodes: list[str], images: int, se
     attacked = {strategy: attacks_on(exp, strategy, manifest, nodes, images, settings, seed) for strategy in strategies}
     summaries = {}
     for strategy, (attacks, notes) in attacked.items():
-        frame = scored(attacks, manifest, perceptual)
+        frame = scored(attacks, manifest, perceptual, seed)
         folder = federate_dir(exp, strategy)
         inputs = {"manifest": manifest.content_hash, "federate": file_sha256(folder / "config.json")}
         with staged_output(attacks_dir(exp, strategy), overwrite) as out:

@@ -64,7 +64,7 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
             "effect significant": f"{effects.count('significant')}/{len(effects)}" if controlled else "-",
             "members rebuilt": Stat.of([a["generators"]["privacy"]["reconstruction_share"]["members"] for a in audits]),
             "buffer closest records: members": Stat.of([a["buffer"]["dcr_share"] for a in audits]),
-            "reconstructed by attack": "-", "attack PSNR (dB)": "-",
+            "reconstructed by attack": "-", "by chance (decoys)": "-", "attack PSNR (dB)": "-",
             "fidelity ratio": Stat.of([(g.get("fidelity") or {}).get("ratio") for s in reps for g in s.gans]),
             metric: performance_cells(reps, "feder", metric, nodes)["mean"],
         }
@@ -86,6 +86,7 @@ def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
                        "effect significant": "-",
                        "members rebuilt": "-", "buffer closest records: members": "-",
                        "reconstructed by attack": Stat.of([r["reconstructed"]["ssim"]["share"] for r in found]),
+                       "by chance (decoys)": Stat.of([r["chance"]["ssim"]["share"] for r in found if "chance" in r]),
                        "attack PSNR (dB)": Stat.of([r["psnr_mean"] for r in found]), "fidelity ratio": "-",
                        metric: performance_cells([s for s in subs if strategy in s.attacks], strategy, metric,
                                                  nodes)["mean"]}
@@ -109,7 +110,8 @@ def frontier_table(subs: list[SubExperiment], metric: str) -> Built:
                        "Reconstruction: members rebuilt by projection closer than their nearest other real image; "
                        "the buffer's closest records that are members (0.5 = chance); for shared latents, activations "
                        "and gradients, the white-box attack's images closer (SSIM) to their own original than to any "
-                       f"other real image, and their PSNR. {metric}: FedER's with that generator's buffer, or the "
+                       "other real image, the share as many real images of other patients reach so when matched to "
+                       f"the batch as the reconstructions are (chance), and their PSNR. {metric}: FedER's with that generator's buffer, or the "
                        "sharing strategy's own, on each node's test set at the final round", rows_are="method")
 
 

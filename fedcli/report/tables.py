@@ -190,9 +190,10 @@ def attacks_table(attacked: dict[str, dict]) -> Table:
     """Per strategy, node and attack: the reconstructions' mean PSNR, SSIM and LPIPS against their originals (and
     against the nearest other real image), and the share closer to their own patient than to anyone else."""
     table = Table(title="reconstruction attacks on what each federation shared (white box; mean over images; "
-                        "reconstructed = closer to its own image than to every other)")
+                        "reconstructed = closer to its own image than to every other; chance = as many real images "
+                        "of other patients, matched as the reconstructions are)")
     for column in ("strategy", "node", "attack", "batch", "PSNR (other)", "SSIM (other)", "LPIPS (other)",
-                   "reconstructed [SSIM]"):
+                   "reconstructed [SSIM]", "chance"):
         table.add_column(column, justify="left" if column in ("strategy", "node", "attack") else "right")
     for strategy, summary in attacked.items():
         for r in summary["attacks"]:
@@ -200,5 +201,6 @@ def attacks_table(attacked: dict[str, dict]) -> Table:
             table.add_row(strategy, r["node"], r["attack"], str(r["batch"]),
                           *(f"{r[f'{s}_mean']:.{d}f} ({r[f'{s}_nearest_other_mean']:.{d}f})"
                             for s, d in (("psnr", 1), ("ssim", 3), ("lpips", 3))),
-                          f"{share['share']:.2f} [{share['ci_low']:.2f}-{share['ci_high']:.2f}]")
+                          f"{share['share']:.2f} [{share['ci_low']:.2f}-{share['ci_high']:.2f}]",
+                          f"{r['chance']['ssim']['share']:.2f}")
     return table
