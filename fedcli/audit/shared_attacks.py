@@ -26,7 +26,8 @@ Each reconstruction is scored against its original and against the nearest real 
 attacked set (PSNR, SSIM and LPIPS, audit/scores.py): "reconstructed" means closer to that patient than to any
 other. Beside it, chance: the share that as many real images of other patients of the node (decoys, drawn by the
 seed) reach under the same scoring, matched to a batch as its reconstructions are, so a failed attack's share is
-read against what matching alone hands it. Writes `<exp>/attacks/<strategy>/`: reconstructions.csv, summary.json, reconstructions.png, config.json.
+read against what matching alone hands it. Writes `<exp>/attacks/<strategy>/`: reconstructions.csv, summary.json,
+reconstructions.png, config.json.
 """
 
 from __future__ import annotations
@@ -264,8 +265,9 @@ def decoy_scores(attack: Attack, originals: torch.Tensor, others: torch.Tensor, 
     """As many of `others` (real images of other patients) as the attack rebuilt, drawn by the seed, matched to the
     originals as the attack's reconstructions were, and scored as they are against the rest of `others`."""
     if len(others) <= len(originals):
-        raise UserError(f"node {attack.node} holds {len(others)} images outside the {len(originals)} attacked, too "
-                        "few to draw as many decoys and still leave others to compare with; lower --attack-images")
+        raise UserError(f"node {attack.node} holds {len(others)} images outside the {len(originals)} its "
+                        f"{attack.attack} attack rebuilt, too few to draw as many decoys and leave others to compare with; lower "
+                        "--attack-images, or partition with more test images per node")
     order = torch.randperm(len(others), generator=torch_stream(seed, attack.node, "attack-decoys", attack.attack,
                                                                 attack.batch))
     decoys, rest = others[order[:len(originals)]], others[order[len(originals):]]
@@ -322,9 +324,10 @@ def run_attacks(exp: Path, manifest: Manifest, nodes: list[str], images: int, se
     for strategy in strategies:
         check_output_free(attacks_dir(exp, strategy), overwrite)
     attacked = {strategy: attacks_on(exp, strategy, manifest, nodes, images, settings, seed) for strategy in strategies}
+    frames = {strategy: scored(attacks, manifest, perceptual, seed) for strategy, (attacks, _) in attacked.items()}
     summaries = {}
     for strategy, (attacks, notes) in attacked.items():
-        frame = scored(attacks, manifest, perceptual, seed)
+        frame = frames[strategy]
         folder = federate_dir(exp, strategy)
         inputs = {"manifest": manifest.content_hash, "federate": file_sha256(folder / "config.json")}
         with staged_output(attacks_dir(exp, strategy), overwrite) as out:

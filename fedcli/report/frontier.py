@@ -111,8 +111,9 @@ def frontier_table(subs: list[SubExperiment], metric: str) -> Built:
                        "the buffer's closest records that are members (0.5 = chance); for shared latents, activations "
                        "and gradients, the white-box attack's images closer (SSIM) to their own original than to any "
                        "other real image, the share as many real images of other patients reach so when matched to "
-                       f"the batch as the reconstructions are (chance), and their PSNR. {metric}: FedER's with that generator's buffer, or the "
-                       "sharing strategy's own, on each node's test set at the final round", rows_are="method")
+                       f"the batch as the reconstructions are (chance), and their PSNR. {metric}: FedER's with that "
+                       "generator's buffer, or the sharing strategy's own, on each node's test set at the final round",
+                       rows_are="method")
 
 
 def frontier_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
