@@ -25,18 +25,21 @@ from fedcli.report.collect import load_experiment
 
 NAMES = REGISTRY.names()
 DISTRIBUTED = [name for name in NAMES if REGISTRY[name].distributed]
-# one thread: CPU numbers depend on the count; no initial epoch and batches of 64 keep 45 runs cheap
+# one thread: CPU numbers depend on the count; no initial epoch and two batches an epoch (96 images per node, below)
+# keep some 90 runs cheap
 RUN = dict(rounds=2, epochs=1, init_epochs=0, batch=64, bootstrap=20, threads=1)
 FILES = ("metrics.csv", "bn_statistics.csv", "comm.csv")
 
 
 @pytest.fixture(scope="module")
 def fl_exp(tmp_path_factory):
-    """Three nodes with a globally shared set and a tiny VQ-VAE-2 trained serially across them (its codes, and a
-    prior's samples as every node's buffer), so that every strategy has what it reads."""
+    """Three nodes of 96 training images with a globally shared set and a tiny VQ-VAE-2 trained serially across
+    them (its codes, and a prior's samples as every node's buffer), so that every strategy has what it reads; two
+    batches an epoch still make the batch order, which a resume must restore, matter."""
     exp = tmp_path_factory.mktemp("registry") / "exp"
     cli = Cli()
-    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--exp", exp, "--shared-fraction", "0.05")
+    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--exp", exp, "--shared-fraction", "0.05",
+           "--train-size", "96")
     cli.ok("train-gan", "--exp", exp, "--generator", "vqvae2", "--iterations", "10", "--batch", "16",
            "--vq-channels", "8", "--vq-codebook", "8", "--vq-dim", "4", "--prior-iterations", "4", "--prior-channels",
            "4", "--prior-layers", "1", "--buffer-size", "30", "--fidelity-seeds", "0", "--threads", "1")
