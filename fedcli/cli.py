@@ -452,7 +452,7 @@ def federate(
 
 def audit_phase2_note(summary: dict) -> str:
     """Why the privacy generator is the standard one, where it is."""
-    if "dp" in summary:
+    if "dp" in summary and summary.get("attack") == "latent projection":  # a VQ-VAE-2 has no phase 2 at all
         return "; under DP no phase 2 runs: the released generator is the DP one, and the control is the same"
     if summary.get("phase2_kept_iteration") == 0:
         return ("; phase 2 kept no privacy snapshot (its first FID check exceeded the limit), so the privacy "

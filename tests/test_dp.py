@@ -67,7 +67,7 @@ def private_discriminator(sigma: float, clip: float, expected_batch: int = 8) ->
 
 
 def summed_clipped(update: private.PrivateUpdate, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    assert update.noised_mean(images, labels, r1_weight=0.5)
+    assert update.noised_mean(update.real_loss(0.5), images, labels)
     return torch.cat([p.grad.flatten() for p in update.D.parameters()]) * update.dp.expected_batch
 
 

@@ -42,8 +42,8 @@ def quantizer(decay=0.5) -> Quantizer:
 def test_the_ema_update_and_the_commitment_loss_match_a_hand_computation():
     q = quantizer()
     z = torch.tensor([[1.0, 2.0], [3.0, 0.0], [9.0, 9.0]]).t().reshape(1, 2, 1, 3)  # (B, D, H, W)
-    out, codes, commitment = q(z)
-    assert codes.flatten().tolist() == [0, 0, 1]
+    out, codes, commitment, codebook = q(z)
+    assert codes.flatten().tolist() == [0, 0, 1] and codebook is None  # the EMA update is the codebook's step
     # commitment: mean squared distance to the codes before the update: ((1+4) + 9 + (1+1)) / 6
     assert commitment.item() == pytest.approx(16 / 6)
     # counts: 0.5 * 1 + 0.5 * (2, 1); sums: 0.5 * old + 0.5 * assigned
@@ -57,7 +57,7 @@ def test_the_ema_update_and_the_commitment_loss_match_a_hand_computation():
 def test_the_straight_through_gradient_reaches_the_encoder_output_unchanged():
     q = quantizer().eval()
     z = torch.tensor([[1.0, 2.0], [8.0, 9.0]]).t().reshape(1, 2, 1, 2).requires_grad_(True)
-    out, _, _ = q(z)
+    out, *_ = q(z)
     weight = torch.tensor([[[[3.0, -1.0]], [[0.5, 2.0]]]])
     (out * weight).sum().backward()
     assert torch.equal(z.grad, weight)
@@ -295,7 +295,7 @@ def test_the_replay_strategies_replay_a_prior_buffer_when_asked(chain, tmp_path,
 # -- refusals ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("args, says", [
     (["--alpha", "0.5"], "--alpha is not an option of generator kind vqvae2"),
-    (["--dp-epsilon", "5"], "codes are encodings of real images"),
+    (["--dp-epsilon", "5"], "--prior-iterations 0 trains no prior"),
     (["--node", "node0"], "trains serially across every node"),
     (["--launch", "local"], "--launch applies to --engine distributed"),
     (["--engine", "distributed", "--launch", "local", "--node", "node0"], "--launch local assigns nodes itself"),

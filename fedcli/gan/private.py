@@ -66,9 +66,10 @@ def default_delta(images: int) -> float:
 
 
 def plan(epsilon: float, delta: float | None, max_grad_norm: float, batch: int, images: int, steps: int,
-         node: str) -> DpPlan:
-    """The noise multiplier that spends `epsilon` over `steps` D steps at sample rate batch / N, refusing a
-    delta of 1 / N or more and an epsilon that only noise louder than the gradients could meet."""
+         node: str, what: str = "discriminator steps") -> DpPlan:
+    """The noise multiplier that spends `epsilon` over `steps` DP-SGD steps (`what` they are, for a refusal) at
+    sample rate batch / N, refusing a delta of 1 / N or more and an epsilon that only noise louder than the
+    gradients could meet."""
     try:
         import opacus  # noqa: F401
     except ImportError as exc:
@@ -78,17 +79,18 @@ def plan(epsilon: float, delta: float | None, max_grad_norm: float, batch: int, 
         raise UserError(f"--dp-delta {delta:g} is at least 1 / N = 1 / {images} for node {node}: such a delta allows "
                         f"releasing a training image outright; use a delta below {1 / images:.3g} (default 1 / (10 N))")
     sample_rate = min(1.0, batch / images)
-    sigma = 0.0 if math.isinf(epsilon) else solve_noise(epsilon, delta, sample_rate, steps)
+    sigma = 0.0 if math.isinf(epsilon) else solve_noise(epsilon, delta, sample_rate, steps, what)
     # the noise on the averaged gradient (std sigma x C / expected batch, per coordinate) would exceed the
     # largest averaged gradient itself (norm C): every step would be mostly noise
     if sigma > sample_rate * images:
-        raise UserError(f"--dp-epsilon {epsilon:g} is too small for {steps} discriminator steps on node {node}'s "
+        raise UserError(f"--dp-epsilon {epsilon:g} is too small for {steps} {what} on node {node}'s "
                         f"{images} images: it needs noise multiplier {sigma:.3g}, more than the expected batch "
                         f"({sample_rate * images:.3g}); raise --dp-epsilon or lower --iterations")
     return DpPlan(epsilon, delta, max_grad_norm, sample_rate, steps, sigma, images)
 
 
-def solve_noise(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+def solve_noise(epsilon: float, delta: float, sample_rate: float, steps: int, what: str = "discriminator steps"
+                ) -> float:
     from opacus.accountants.utils import get_noise_multiplier
 
     try:
@@ -96,7 +98,7 @@ def solve_noise(epsilon: float, delta: float, sample_rate: float, steps: int) ->
                                           steps=steps, accountant="rdp", epsilon_tolerance=0.01 * epsilon,
                                           alphas=ORDERS))
     except ValueError as exc:  # Opacus: sigma would pass its ceiling
-        raise UserError(f"--dp-epsilon {epsilon:g} is too small for {steps} discriminator steps ({exc}); raise "
+        raise UserError(f"--dp-epsilon {epsilon:g} is too small for {steps} {what} ({exc}); raise "
                         "--dp-epsilon or lower --iterations") from exc
 
 
@@ -135,22 +137,53 @@ def check_per_sample(discriminator: nn.Module, arch, generator: torch.Generator)
                         "discriminator without minibatch statistics")
 
 
-class PrivateUpdate:
-    """D's optimiser under DP-SGD: Adam wrapped by Opacus's DPOptimizer, fed per-sample gradients."""
+class DpSgd:
+    """An optimiser under DP-SGD: Adam wrapped by Opacus's DPOptimizer, fed per-example gradients of a loss of
+    one example computed by torch.func (no hooks: any module, masked or functional layers included)."""
 
-    def __init__(self, discriminator: nn.Module, adam: torch.optim.Optimizer, dp: DpPlan,
-                 noise: torch.Generator):
+    def __init__(self, module: nn.Module, adam: torch.optim.Optimizer, dp: DpPlan, noise: torch.Generator):
         from opacus.optimizers import DPOptimizer
 
-        self.D, self.dp = discriminator, dp
-        self.names = [name for name, _ in discriminator.named_parameters()]
+        self.module, self.dp = module, dp
         self.optimizer = DPOptimizer(adam, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
                                      expected_batch_size=dp.expected_batch, loss_reduction="mean", generator=noise)
 
-    def per_sample_grads(self, reals: torch.Tensor, labels: torch.Tensor, r1_weight: float) -> dict:
-        """Every real image's gradient of softplus(-D(x)) + r1_weight x |dD/dx|^2, by parameter name."""
-        params = {name: p.detach() for name, p in self.D.named_parameters()}
+    def per_example_grads(self, loss, *batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every example's gradient of `loss(params, *one_example)`, by parameter name."""
+        params = {name: p.detach() for name, p in self.module.named_parameters()}
+        return vmap(grad(loss), in_dims=(None, *(0,) * len(batch)))(params, *batch)
 
+    def noised_mean(self, loss, *batch: torch.Tensor) -> bool:
+        """Set every parameter's .grad to the DP estimate of the batch's mean gradient: per-example gradients
+        clipped to C, summed, Gaussian noise of std sigma x C added, divided by the expected batch. False when
+        Opacus skips the step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if len(batch[0]):
+            grads = self.per_example_grads(loss, *batch)
+        else:  # an empty Poisson draw: one zero gradient, which clipping leaves at zero
+            grads = {name: torch.zeros((1, *p.shape), device=p.device) for name, p in self.module.named_parameters()}
+        for name, p in self.module.named_parameters():
+            p.grad_sample = grads[name]
+        return self.optimizer.pre_step()
+
+    def step(self, loss, *batch: torch.Tensor) -> bool:
+        """One DP-SGD update of the module on `batch`; False when Opacus skips it."""
+        if not self.noised_mean(loss, *batch):
+            return False
+        self.optimizer.original_optimizer.step()
+        return True
+
+
+class PrivateUpdate(DpSgd):
+    """D's optimiser under DP-SGD: the real half's per-image gradients privatised, the fake half's added."""
+
+    def __init__(self, discriminator: nn.Module, adam: torch.optim.Optimizer, dp: DpPlan,
+                 noise: torch.Generator):
+        super().__init__(discriminator, adam, dp, noise)
+        self.D = discriminator
+
+    def real_loss(self, r1_weight: float):
+        """softplus(-D(x)) + r1_weight x |dD/dx|^2 of one real image, as a function of D's parameters."""
         def loss(p: dict, x: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
             def logit(image: torch.Tensor) -> torch.Tensor:
                 return functional_call(self.D, p, (image.unsqueeze(0), label.unsqueeze(0)))[0]
@@ -160,26 +193,13 @@ class PrivateUpdate:
                 value = value + r1_weight * grad(logit)(x).square().sum()
             return value
 
-        return vmap(grad(loss), in_dims=(None, 0, 0))(params, reals, labels)
-
-    def noised_mean(self, reals: torch.Tensor, labels: torch.Tensor, r1_weight: float) -> bool:
-        """Set every D parameter's .grad to the DP estimate of the real half's mean gradient: per-image
-        gradients clipped to C, summed, Gaussian noise of std sigma x C added, divided by the expected batch.
-        False when Opacus skips the step."""
-        self.optimizer.zero_grad(set_to_none=True)
-        if len(reals):
-            grads = self.per_sample_grads(reals, labels, r1_weight)
-        else:  # an empty Poisson draw: one zero gradient, which clipping leaves at zero
-            grads = {name: torch.zeros((1, *p.shape), device=p.device) for name, p in self.D.named_parameters()}
-        for name, p in self.D.named_parameters():
-            p.grad_sample = grads[name]
-        return self.optimizer.pre_step()
+        return loss
 
     def step(self, reals: torch.Tensor, labels: torch.Tensor, r1_weight: float, fake_loss: torch.Tensor) -> None:
         """One D update: the noised mean of the real half plus fake_loss's own gradient, which reads no real
         image and so needs neither clipping nor noise."""
         fake_grads = torch.autograd.grad(fake_loss, list(self.D.parameters()))
-        if self.noised_mean(reals, labels, r1_weight):
+        if self.noised_mean(self.real_loss(r1_weight), reals, labels):
             for p, extra in zip(self.D.parameters(), fake_grads):
                 p.grad.add_(extra)
             self.optimizer.original_optimizer.step()

@@ -17,6 +17,16 @@ Algorithm 1 leaves two things open; fedcli's choices:
 
 Each node then trains its own class-conditional prior on its codes (--prior-iterations; 0: none); its buffer
 is the prior's samples (synthetic), or without a prior its decoded codes (reconstructions of its real images).
+Under --dp-epsilon (no part of the study; fedcli's DP row of the privacy frontier) nothing computed from a real image
+leaves a node except through DP-SGD: the chain is cyclic weight transfer of the VQ-VAE-2 without replay (codes are
+encodings of real images, which no DP guarantee covers, so none travel), each institution training on its own images
+by DP-SGD (Poisson batches, each image's gradient clipped, Gaussian noise; gan/private.py) with gradient codebooks
+(fedcli/vqvae/quantizer.py: an EMA codebook is a data-dependent average outside the gradient). Each node encodes its
+own images with the returned model, keeps the codes to itself, and trains its prior on them by DP-SGD at the same
+sample rate and noise, so the chain visit and the prior compose as one mechanism of --iterations + --prior-iterations
+steps (RDP). Released: the prior's samples, decoded (post-processing). A later institution's training is
+post-processing of an earlier one's DP weights, so each node's epsilon is its own two parts.
+
 The chain travels over a fedcli transport (serialized bytes, recorded per node): in process, or with
 `--engine distributed` one process per node over torch.distributed (fedcli/gan/distributed.py), where each
 institution waits for its predecessor's training however long it takes, while that process lives. It is
@@ -33,7 +43,9 @@ from collections.abc import Sequence
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from fedcli import console
 from fedcli.artifacts import parse_tensors, save_tensors
@@ -43,6 +55,7 @@ from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.fl.payloads import decode_codes, decode_model, encode_codes, encode_model
 from fedcli.fl.transport import InProcessTransport, Transport
+from fedcli.gan import private
 from fedcli.gan.code_prior import CodePrior, PriorArchitecture
 from fedcli.generators import RELEASED, Trained
 from fedcli.layout import CODES, GENERATOR, SERIAL, inside
@@ -54,6 +67,8 @@ from fedcli.vqvae.networks import VqArchitecture, VqVae2, code_shape, decode_all
 from fedcli.vqvae.quantizer import perplexity
 
 CHAIN_OPTIONS = ("iterations", "batch", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim", "vq_channels")
+DP_OPTIONS = ("dp_epsilon", "dp_delta", "dp_max_grad_norm", "prior_iterations")  # a DP chain's noise depends on them
+PRIVATISED = "the VQ-VAE-2 (DP-SGD, gradient codebooks; no codes leave the node) and its priors (DP-SGD)"
 CHECKPOINT_FORMAT = 2  # per institution, its own rows and bytes (format 1 held one file with every node's)
 RECONSTRUCTIONS = "decoded"  # the role of the sampler of decoded codes, beside a prior's samples
 
@@ -104,7 +119,7 @@ def architecture(cfg: GanConfig, manifest: Manifest) -> VqArchitecture:
     try:
         return VqArchitecture(resolution=manifest["image_size"], channels=manifest["channels"],
                               num_classes=manifest.num_classes, hidden=cfg.vq_channels, codes=cfg.vq_codebook,
-                              dim=cfg.vq_dim, decay=cfg.vq_decay)
+                              dim=cfg.vq_dim, decay=cfg.vq_decay, codebook="gradient" if cfg.private else "ema")
     except ValueError as exc:
         raise UserError(f"the partition's image size cannot be a VQ-VAE-2's ({exc}); re-run fedcli partition with "
                         "--image-size 16, 24, 32, ..., 256") from exc
@@ -120,8 +135,9 @@ def prior_architecture(cfg: GanConfig, arch: VqArchitecture) -> PriorArchitectur
 class VqVae2Kind:
     name = "vqvae2"
     projectable = False  # no latent to project: audit-privacy attacks its buffer alone
-    options = frozenset({"iterations", "batch", "dp_epsilon", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim",
-                         "vq_channels", "prior_iterations", "prior_channels", "prior_layers"})
+    options = frozenset({"iterations", "batch", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "vq_lr", "vq_beta",
+                         "vq_decay", "vq_codebook", "vq_dim", "vq_channels", "prior_iterations", "prior_channels",
+                         "prior_layers"})
     titles = {RELEASED: "released buffer: prior samples (decoded codes without a prior)",
               RECONSTRUCTIONS: "decoded codes of its real images"}
     serial = True
@@ -131,13 +147,10 @@ class VqVae2Kind:
         if cfg.node and cfg.engine == "inprocess":
             raise UserError(f"--node {cfg.node}: a vqvae2 generator trains serially across every node in turn "
                             "(Algorithm 1); drop --node")
-        if cfg.private:
-            raise UserError("--dp-epsilon with --generator vqvae2: its codes are encodings of real images, which no "
-                            "DP guarantee covers, and a DP VQ-VAE-2 (releasing prior samples only) is not built; use "
-                            "--generator stylegan2 for a DP buffer")
+        plans = dp_plans(cfg, manifest, local or nodes) if cfg.private else None  # refused before any training
         arch = architecture(cfg, manifest)
         return SerialTraining(cfg, manifest, list(nodes), seed, device, arch, prior_architecture(cfg, arch),
-                              list(local or nodes), transport or InProcessTransport())
+                              list(local or nodes), transport or InProcessTransport(), plans)
 
     def build(self, record: dict) -> VqGenerator:
         prior = record.get("prior_architecture")
@@ -148,6 +161,18 @@ class VqVae2Kind:
 
     def latent_sizes(self, record: dict) -> tuple[int, int]:
         raise UserError("a vqvae2 generator has no latent to project; audit-privacy audits GAN generators")
+
+
+def dp_plans(cfg: GanConfig, manifest: Manifest, nodes: Sequence[str]) -> dict[str, private.DpPlan]:
+    """Each node's DP-SGD plan: one noise multiplier for its chain visit and its prior, both Poisson-sampled at
+    batch / N from its N training images, so the two compose as one mechanism of their steps together."""
+    if not cfg.prior_iterations:
+        raise UserError("--dp-epsilon with --generator vqvae2 releases its prior's samples, and --prior-iterations 0 "
+                        "trains no prior (the buffer would be decoded codes of real images); give --prior-iterations")
+    what = "DP-SGD steps (--iterations of the VQ-VAE-2 and --prior-iterations of its prior)"
+    return {node: private.plan(cfg.dp_epsilon, cfg.dp_delta, cfg.dp_max_grad_norm, cfg.batch,
+                               len(manifest.node(node)["train"]), cfg.iterations + cfg.prior_iterations, node, what)
+            for node in nodes}
 
 
 def batches(n: int, batch: int, steps: int, stream: torch.Generator):
@@ -192,6 +217,59 @@ def train_prior(generator: VqGenerator, codes: NodeCodes, cfg: GanConfig, stream
     generator.eval()
 
 
+def example_loss(model: VqVae2, beta: float):
+    """One image's loss as a function of the parameters of a VQ-VAE-2 with gradient codebooks: ||x - D(e)||^2 +
+    ||sg[E(x)] - e||^2 + beta ||sg[e] - E(x)||^2 (van den Oord et al. 2017, equation 3)."""
+    def loss(params: dict, x: torch.Tensor) -> torch.Tensor:
+        reconstruction, commitment, codebook, _ = functional_call(model, params, (x[None],))
+        return F.mse_loss(reconstruction, x[None]) + codebook + beta * commitment
+
+    return loss
+
+
+def train_vqvae_private(model: VqVae2, images: torch.Tensor, cfg: GanConfig, plan: private.DpPlan,
+                        stream: torch.Generator, noise: torch.Generator, device: str, log) -> None:
+    """--iterations DP-SGD steps on the node's own images (float [-1, 1]): Poisson batches from `stream`, each
+    image's gradient clipped, noise from `noise`. Only the batch's size is logged: no number computed from real
+    images may leave a step unnoised."""
+    update = private.DpSgd(model, torch.optim.Adam(model.parameters(), lr=cfg.vq_lr), plan, noise)
+    loss = example_loss(model, cfg.vq_beta)
+    model.train()
+    for i in range(1, cfg.iterations + 1):
+        index = private.poisson_batch(len(images), plan.sample_rate, stream)
+        update.step(loss, images[index].to(device))
+        log({"iteration": i, "drawn": len(index)})
+    model.eval()
+
+
+class PriorPair(nn.Module):
+    """A node's two priors as one module: DP-SGD clips each image's gradient over both."""
+
+    def __init__(self, generator: VqGenerator):
+        super().__init__()
+        self.top, self.bottom = generator.prior_top, generator.prior_bottom
+
+    def forward(self, top: torch.Tensor, bottom: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.top.nll(top, labels) + self.bottom.nll(bottom, labels, top)
+
+
+def train_prior_private(generator: VqGenerator, codes: NodeCodes, cfg: GanConfig, plan: private.DpPlan,
+                        stream: torch.Generator, noise: torch.Generator, device: str, log) -> None:
+    """--prior-iterations DP-SGD steps of both priors on the node's codes (one code map per image, Poisson batches
+    at the plan's rate); only the batch's size is logged."""
+    pair = PriorPair(generator)
+    update = private.DpSgd(pair, torch.optim.Adam(pair.parameters(), lr=cfg.vq_lr), plan, noise)
+
+    def example_loss(params: dict, top: torch.Tensor, bottom: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        return functional_call(pair, params, (top[None], bottom[None], label[None]))
+
+    for i in range(1, cfg.prior_iterations + 1):
+        index = private.poisson_batch(len(codes), plan.sample_rate, stream)
+        update.step(example_loss, *(t[index].to(device) for t in (codes.top, codes.bottom, codes.labels)))
+        log({"phase": "prior", "iteration": i, "drawn": len(index)})
+    generator.eval()
+
+
 @dataclasses.dataclass
 class Held:
     """What the institution the chain has reached holds: the VQ-VAE-2 and every earlier institution's codes."""
@@ -214,6 +292,7 @@ class SerialTraining:
     prior: PriorArchitecture | None
     local: list[str]
     transport: Transport
+    plans: dict[str, private.DpPlan] | None = None  # under --dp-epsilon: no replay, no codes travel
 
     def __post_init__(self) -> None:
         self.folder = inside(self.cfg.exp, "gan", SERIAL)
@@ -230,7 +309,8 @@ class SerialTraining:
     # -- the chain ------------------------------------------------------------------------
     def fingerprint(self) -> str:
         """What decides the chain's numbers: its options, the device, the seed, the partition and the order."""
-        config = {k: v for k, v in to_json(self.cfg).items() if k in CHAIN_OPTIONS}
+        options = CHAIN_OPTIONS + (DP_OPTIONS if self.plans else ())
+        config = {k: v for k, v in to_json(self.cfg).items() if k in options}
         device = torch.device(self.device).type  # a distributed rank's cuda:k computes as cuda does
         text = json.dumps([CHECKPOINT_FORMAT, config, device, self.seed, self.manifest.content_hash, self.nodes],
                           sort_keys=True)
@@ -255,7 +335,8 @@ class SerialTraining:
         self.final_bytes = encode_model(held.model.state_dict())  # serialized once for every node's return leg
         for node in self.nodes[:-1]:
             self.send(len(self.nodes), self.last, node, "model", self.final_bytes)
-            self.send(len(self.nodes), self.last, node, "codes", encode_codes({node: held.codes[node]}))
+            if not self.plans:
+                self.send(len(self.nodes), self.last, node, "codes", encode_codes({node: held.codes[node]}))
         self.transport.flush()  # every node waits for its share
         return held
 
@@ -274,7 +355,8 @@ class SerialTraining:
         """Institution k sends its weights and the codes so far to institution k + 1."""
         node, after = self.nodes[k], self.nodes[k + 1]
         self.send(k + 1, node, after, "model", encode_model(held.model.state_dict()), counted)
-        self.send(k + 1, node, after, "codes", encode_codes(held.codes), counted)
+        if not self.plans:
+            self.send(k + 1, node, after, "codes", encode_codes(held.codes), counted)
         self.transport.flush()  # institution k + 1 is waiting for it
 
     def receive(self, k: int) -> Held:
@@ -282,11 +364,14 @@ class SerialTraining:
         before, node = self.nodes[k - 1], self.nodes[k]
         model = built(lambda: VqVae2(self.arch)).to(self.device)
         model.load_state_dict(decode_model(self.received_bytes(k, before, node, "model"), model.state_dict()))
+        if self.plans:
+            return Held(model, {})
         codes = decode_codes(self.received_bytes(k, before, node, "codes"), code_shape(self.arch), self.nodes[:k])
         return Held(model, codes)
 
     def visit(self, k: int, node: str, held: Held | None) -> Held:
-        """Train on the decoded earlier codes and the node's own images; re-encode both."""
+        """Train on the decoded earlier codes and the node's own images; re-encode both. Under DP (no codes
+        held) train on its own images by DP-SGD and hand on the weights alone."""
         data = NodeDataset(self.manifest, node, "train")
         if held is None:
             held = Held(built(lambda: VqVae2(self.arch), stream_seed(self.seed, "vqvae2-init")).to(self.device), {})
@@ -295,9 +380,18 @@ class SerialTraining:
         self.seen[node] = {"position": k + 1, "own": len(own), "replayed": {j: len(x) for j, x in replayed.items()}}
         images = torch.cat([*replayed.values(), own]) if replayed else own
         stream = torch_stream(self.seed, node, "vqvae2-train")
+
+        def log(row: dict) -> None:
+            self.rows[node].append({"phase": "vqvae", **row})
+
         with StepProgress("train-gan", f"{node} VQ-VAE-2 ({k + 1} of {len(self.nodes)})"):
-            train_vqvae(held.model, images, self.cfg, stream, self.device,
-                        lambda row: self.rows[node].append({"phase": "vqvae", **row}))
+            if self.plans:
+                noise = torch_stream(self.seed, node, "vqvae2-dp-noise", device=self.device)
+                train_vqvae_private(held.model, own, self.cfg, self.plans[node], stream, noise, self.device, log)
+            else:
+                train_vqvae(held.model, images, self.cfg, stream, self.device, log)
+        if self.plans:
+            return Held(held.model, {})
         codes = {j: encode_all(held.model, replayed[j], held.codes[j].labels, self.device) for j in held.codes}
         codes[node] = encode_all(held.model, own, data.labels, self.device)
         return Held(held.model, codes)
@@ -347,7 +441,8 @@ class SerialTraining:
                 model = built(lambda: VqVae2(self.arch)).to(self.device)
                 model.load_state_dict({key.removeprefix("model."): v.to(self.device) for key, v in tensors.items()
                                        if key.startswith("model.")})
-                held = Held(model, {owner: from_tensors(tensors, f"codes.{owner}.") for owner in self.nodes[:k + 1]})
+                owners = () if self.plans else self.nodes[:k + 1]
+                held = Held(model, {owner: from_tensors(tensors, f"codes.{owner}.") for owner in owners})
                 if self.nodes[k] != self.last:
                     self.send_on(k, held, counted=False)
         if m >= 0:
@@ -370,25 +465,25 @@ class SerialTraining:
         """The final VQ-VAE-2 and the node's codes, returned to it by the last institution; its prior."""
         generator = built(lambda: VqGenerator(self.arch, self.prior), stream_seed(self.seed, node, "prior-init"))
         generator.to(self.device)
-        if node == self.last:
-            model_bytes, codes_bytes = self.final_bytes, encode_codes({node: self.final.codes[node]})
-        else:
-            model_bytes = self.received_bytes(len(self.nodes), self.last, node, "model")
-            codes_bytes = self.received_bytes(len(self.nodes), self.last, node, "codes")
-        generator.vqvae.load_state_dict(decode_model(model_bytes, generator.vqvae.state_dict()))
-        codes = decode_codes(codes_bytes, code_shape(self.arch), [node])[node]
         rows = list(self.rows[node])
+        codes = self.returned(node, generator, data)
         if self.prior:
+            stream = torch_stream(self.seed, node, "prior-train")
             with StepProgress("train-gan", f"{node} prior"):
-                train_prior(generator, codes, self.cfg, torch_stream(self.seed, node, "prior-train"), self.device,
-                            rows.append)
+                if self.plans:
+                    noise = torch_stream(self.seed, node, "prior-dp-noise", device=self.device)
+                    train_prior_private(generator, codes, self.cfg, self.plans[node], stream, noise, self.device,
+                                        rows.append)
+                else:
+                    train_prior(generator, codes, self.cfg, stream, self.device, rows.append)
         generator.eval()
+        if self.plans:
+            return self.private_share(node, generator, data, rows)
         decoded = CodeSampler(generator, codes)
         generators = {RELEASED: generator, RECONSTRUCTIONS: decoded} if self.prior else {RELEASED: decoded}
         reconstruction = decode_all(generator.vqvae, codes, self.device)
         if not reconstruction.isfinite().all():  # uint8 would turn NaN into black images that federate trains on
-            raise UserError(f"node {node}'s VQ-VAE-2 decodes non-finite images (its training diverged); re-run "
-                            "fedcli train-gan --overwrite with a lower --vq-lr")
+            raise diverged(node)
         buffer = None if self.prior else (to_uint8(reconstruction), codes.labels.clone())
         mse = float(((reconstruction - to_float(data.images)) ** 2).mean()) if len(codes) else float("nan")
         meta = {"node": node, "manifest": self.manifest.content_hash}
@@ -403,6 +498,44 @@ class SerialTraining:
                             "reconstruction_mse": mse},
                   "buffer_kind": "prior samples" if self.prior else "decoded codes"}
         return Trained(generators, files, pd.DataFrame(rows), record, decoded=buffer)
+
+    def returned(self, node: str, generator: VqGenerator, data: NodeDataset) -> NodeCodes:
+        """Load the final VQ-VAE-2 the last institution returned; the node's codes it returned, or under DP
+        (nothing returns codes) the node's own encoding of its images, which stays with it."""
+        if node == self.last:
+            model_bytes = self.final_bytes
+        else:
+            model_bytes = self.received_bytes(len(self.nodes), self.last, node, "model")
+        generator.vqvae.load_state_dict(decode_model(model_bytes, generator.vqvae.state_dict()))
+        if self.plans:
+            return encode_all(generator.vqvae, to_float(data.images), data.labels, self.device)
+        if node == self.last:
+            codes_bytes = encode_codes({node: self.final.codes[node]})
+        else:
+            codes_bytes = self.received_bytes(len(self.nodes), self.last, node, "codes")
+        return decode_codes(codes_bytes, code_shape(self.arch), [node])[node]
+
+    def private_share(self, node: str, generator: VqGenerator, data: NodeDataset, rows: list[dict]) -> Trained:
+        """Under DP: the prior's samples alone are released; no codes file, and no statistic of the node's real
+        images in its record (what the accountant covers is what leaves the node)."""
+        if not all(p.isfinite().all() for p in generator.parameters()):
+            raise diverged(node)
+        plan = self.plans[node]
+        meta = {"node": node, "manifest": self.manifest.content_hash}
+        files = {GENERATOR: ({k: v.detach().cpu() for k, v in generator.state_dict().items()}, meta)}
+        record = {"architecture": dataclasses.asdict(self.arch), "device": self.device, "train_images": len(data),
+                  "prior_architecture": dataclasses.asdict(self.prior),
+                  "serial": {"order": self.nodes, **self.seen[node], "bytes_received": self.received[node],
+                             "bytes_sent": self.sent[node]},
+                  "buffer_kind": "prior samples",
+                  "dp": plan.record() | {"privatised": PRIVATISED, "parts": {"vqvae": self.cfg.iterations,
+                                                                             "prior": self.cfg.prior_iterations}}}
+        return Trained({RELEASED: generator}, files, pd.DataFrame(rows), record)
+
+
+def diverged(node: str) -> UserError:
+    return UserError(f"node {node}'s VQ-VAE-2 decodes non-finite images (its training diverged); re-run "
+                     "fedcli train-gan --overwrite with a lower --vq-lr")
 
 
 def built(make, seed: int = 0):

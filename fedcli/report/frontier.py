@@ -28,11 +28,15 @@ def generator_setting(sub: SubExperiment) -> tuple[str, str, float, str] | None:
     if len(settings) != 1:
         return None
     kind, alpha, loss, epsilon, prior = settings.pop()
+    private = epsilon not in (None, "off")
+    if kind == "vqvae2" and private:  # prior samples only
+        place = f"epsilon {float(epsilon):g}"
+        return "VQ-VAE-2 DP", f"VQ-VAE-2 DP {place}: prior samples", float(epsilon), place
     if kind == "vqvae2":  # no privacy setting: what it releases
         what = "prior samples" if prior else "decoded codes"
         return f"VQ-VAE-2 {what}", f"VQ-VAE-2: {what}", 0.0, what
     prefix = "" if kind == "stylegan2" else f"{kind} "
-    if epsilon not in (None, "off"):
+    if private:
         place = f"epsilon {float(epsilon):g}"
         return f"{prefix}DP", f"{prefix}DP {place}", float(epsilon), place
     if not alpha:

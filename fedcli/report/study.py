@@ -652,14 +652,16 @@ def vqvae2_summary(subs: list[SubExperiment], gans: list[dict]) -> Built:
     for node in dict.fromkeys(g["node"] for g in gans):
         mine = [g for g in gans if g["node"] == node]
         rows[node] = {"chain position": str(mine[0]["serial"]["position"]),
-                      "reconstruction MSE": Stat.of([g["codes"]["reconstruction_mse"] for g in mine]),
-                      "perplexity top": Stat.of([g["codes"]["perplexity_top"] for g in mine]),
-                      "perplexity bottom": Stat.of([g["codes"]["perplexity_bottom"] for g in mine]),
+                      **{name: Stat.of([g["codes"][key] for g in mine if "codes" in g])  # none under DP
+                         for name, key in (("reconstruction MSE", "reconstruction_mse"),
+                                           ("perplexity top", "perplexity_top"),
+                                           ("perplexity bottom", "perplexity_bottom"))},
                       "buffer": f"{mine[0]['buffer']['size']} {mine[0]['buffer_kind']}"}
         scored = [g["fidelity"] for g in mine if g.get("fidelity")]
         if scored:
             rows[node] |= {"fidelity ratio": Stat.of([f["ratio"] for f in scored]),
-                           "ratio decoded codes": Stat.of([f.get("decoded", f)["ratio"] for f in scored]),
+                           "ratio decoded codes": Stat.of([f.get("decoded", f)["ratio"] for g in mine
+                                                           if (f := g.get("fidelity")) and not g.get("dp")]),
                            "real acc": Stat.of([f["real_accuracy"] for f in scored]),
                            "class fidelity": Stat.of([f["class_fidelity"] for f in scored])}
         if standalone:
@@ -672,6 +674,10 @@ def vqvae2_summary(subs: list[SubExperiment], gans: list[dict]) -> Built:
             "on the node's real test images; ratio decoded codes: the same for decoded codes of the node's images. "
             "Codes of real images, decoded, are reconstructions of real patients' images: any replay of codes "
             "(cwt-replay, fedavg-replay) hands them to every node.")
+    private = sorted({g["node"] for g in gans if g.get("dp")})
+    if private:
+        note += (f" The VQ-VAE-2s of {', '.join(private)} were trained under --dp-epsilon: no "
+                 "codes left those nodes, their codes are not summarised, and their buffers are prior samples.")
     if decoded:
         note += (f" The buffers of {', '.join(decoded)} are decoded codes (no prior was trained): reconstructions of "
                  "real patients, not synthetic images.")

@@ -24,7 +24,7 @@ def gan_table(summaries: list[dict]) -> Table:
     scored = any(s.get("fidelity") for s in summaries)
     private = any(s.get("dp") for s in summaries)
     for column in columns + (["ratio", "ratio 1", "ratio ctrl", "class fid", "flags"] if scored else []) + \
-            (["epsilon", "delta", "sigma"] if private else []):
+            (DP_COLUMNS if private else []):
         table.add_column(column, justify="left" if column in ("node", "stop 1", "stop 2", "flags") else "right")
     for s in summaries:
         p1, p2, f = s["phase1"], s["phase2"], s.get("fidelity")
@@ -36,29 +36,40 @@ def gan_table(summaries: list[dict]) -> Table:
             cells += [f"{f['ratio']:.3f}", f"{f['phase1']['ratio']:.3f}", control, f"{f['class_fidelity']:.3f}",
                       ", ".join(f.get("flags", [])) or "-"] if f else ["-"] * 5
         if private:
-            dp = s.get("dp")
-            cells += [f"{dp['epsilon']:.3g}", f"{dp['delta']:.2g}", f"{dp['noise_multiplier']:.3g}"] if dp else \
-                ["-"] * 3
+            cells += dp_cells(s.get("dp"))
         table.add_row(*cells)
     return table
 
 
+DP_COLUMNS = ["epsilon", "delta", "sigma"]
+
+
+def dp_cells(dp: dict | None) -> list[str]:
+    return [f"{dp['epsilon']:.3g}", f"{dp['delta']:.2g}", f"{dp['noise_multiplier']:.3g}"] if dp else ["-"] * 3
+
+
 def vqvae2_table(summaries: list[dict]) -> Table:
     """Per node: its place in the serial chain, the bytes it received, its codes (usage, the final decoder's
-    reconstruction error) and its buffer, with the fidelity of the buffer and of the decoded codes when scored."""
+    reconstruction error; not summarised under DP) and its buffer, with the fidelity of the buffer and of the
+    decoded codes when scored, and the DP guarantee when trained under one."""
     scored = any(s.get("fidelity") for s in summaries)
+    private = any(s.get("dp") for s in summaries)
     table = Table(title="train-gan (vqvae2, serial)")
     columns = ["node", "images", "position", "received", "perplexity top", "perplexity bottom", "recon MSE", "buffer"]
-    for column in columns + (["ratio", "ratio decoded"] if scored else []):
+    for column in columns + (["ratio", "ratio decoded"] if scored else []) + (DP_COLUMNS if private else []):
         table.add_column(column, justify="left" if column in ("node", "buffer") else "right")
     for s in summaries:
-        codes, f = s["codes"], s.get("fidelity")
+        codes, f = s.get("codes"), s.get("fidelity")
         cells = [s["node"], str(s["train_images"]), str(s["serial"]["position"]),
-                 f"{s['serial']['bytes_received'] / 1e6:.2f} MB", f"{codes['perplexity_top']:.1f}",
-                 f"{codes['perplexity_bottom']:.1f}", f"{codes['reconstruction_mse']:.4f}",
+                 f"{s['serial']['bytes_received'] / 1e6:.2f} MB",
+                 *([f"{codes['perplexity_top']:.1f}", f"{codes['perplexity_bottom']:.1f}",
+                    f"{codes['reconstruction_mse']:.4f}"] if codes else ["-"] * 3),
                  f"{s['buffer']['size']} {s['buffer_kind']}"]
         if scored:
-            cells += [f"{f['ratio']:.3f}", f"{f.get('decoded', f)['ratio']:.3f}"] if f else ["-", "-"]
+            decoded = "-" if s.get("dp") else f"{f.get('decoded', f)['ratio']:.3f}" if f else "-"  # DP: none scored
+            cells += [f"{f['ratio']:.3f}" if f else "-", decoded]
+        if private:
+            cells += dp_cells(s.get("dp"))
         table.add_row(*cells)
     return table
 

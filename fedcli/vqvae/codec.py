@@ -48,6 +48,10 @@ def load_codec(exp: Path, manifest, node: str, strategy: str) -> NodeCodec:
         raise UserError(f"strategy {strategy} replays VQ-VAE-2 codes, and node {node}'s generator is a "
                         f"{kind_name(saved)}; run fedcli train-gan --generator vqvae2 --overwrite, or pass "
                         "--replay-source buffers to replay its buffer")
+    if saved.get("dp"):
+        raise UserError(f"strategy {strategy} replays VQ-VAE-2 codes, and node {node}'s VQ-VAE-2 was trained under "
+                        "--dp-epsilon, which keeps its codes (encodings of real images) at the node; pass "
+                        "--replay-source buffers to replay its prior's samples")
     fix = "re-run fedcli train-gan --generator vqvae2 --overwrite"
     state, _ = load_recorded(folder / GENERATOR, f"VQ-VAE-2 of node {node}", fix, expect={"node": node})
     with torch.random.fork_rng(devices=[]):  # its weights are the saved ones: the global generator stays untouched

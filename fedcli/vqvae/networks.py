@@ -1,9 +1,10 @@
-"""The VQ-VAE-2 (Razavi et al. 2019): two levels of codes, the bottom at 1/4 of the image side and the top at
-1/8 (at 256 px the generative-replay study's 64x64 and 32x32), each quantised with an EMA codebook
-(fedcli/vqvae/quantizer.py). The top level sees the bottom encoder's features; the bottom level quantises them
-together with the top's decoding, so the top carries global structure and the bottom the detail the top leaves
-out. The decoder reads both (the top's codes upsampled). The network is not class-conditional: the labels travel
-beside the codes, and the prior (fedcli/gan/code_prior.py) is what draws codes of a class.
+"""The VQ-VAE-2 (Razavi et al. 2019): two levels of codes, the bottom at 1/4 of the image side and the top at 1/8 (at
+256 px the generative-replay study's 64x64 and 32x32), each quantised with an EMA codebook
+(fedcli/vqvae/quantizer.py; a gradient codebook under DP). The top level sees the bottom encoder's features; the
+bottom level quantises them together with the top's decoding, so the top carries global structure and the bottom
+the detail the top leaves out. The decoder reads both (the top's codes upsampled). The network is not
+class-conditional: the labels travel beside the codes, and the prior (fedcli/gan/code_prior.py) is what draws codes
+of a class.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class VqArchitecture:
     dim: int = 32  # a code vector's size
     res_blocks: int = 2
     decay: float = 0.99
+    codebook: str = "ema"  # or "gradient" (fedcli/vqvae/quantizer.py), as DP training needs
 
     def __post_init__(self) -> None:
         if self.resolution < 16 or self.resolution % 8:
@@ -81,25 +83,27 @@ class VqVae2(nn.Module):
         self.enc_b = encoder(arch.channels, h, r, 4)
         self.enc_t = encoder(h, h, r, 2)
         self.to_top = nn.Conv2d(h, d, 1)
-        self.quant_t = Quantizer(d, arch.codes, arch.decay)
+        self.quant_t = Quantizer(d, arch.codes, arch.decay, learned=arch.codebook)
         self.dec_t = decoder(d, d, h, r, 2)
         self.to_bottom = nn.Conv2d(h + d, d, 1)
-        self.quant_b = Quantizer(d, arch.codes, arch.decay)
+        self.quant_b = Quantizer(d, arch.codes, arch.decay, learned=arch.codebook)
         self.up_t = nn.ConvTranspose2d(d, d, 4, 2, 1)
         self.dec = decoder(2 * d, arch.channels, h, r, 4)
 
     def forward(self, x: torch.Tensor, stream: torch.Generator | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """x in [-1, 1] -> (reconstruction, both levels' commitment loss summed, (top codes, bottom codes))."""
-        q_t, q_b, commitment, codes = self.quantise(x, stream)
-        return self.decode_vectors(q_t, q_b), commitment, codes
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+        """x in [-1, 1] -> (reconstruction, both levels' commitment loss summed, their codebook loss summed (None
+        for EMA codebooks), (top codes, bottom codes))."""
+        q_t, q_b, commitment, codebook, codes = self.quantise(x, stream)
+        return self.decode_vectors(q_t, q_b), commitment, codebook, codes
 
     def quantise(self, x: torch.Tensor, stream: torch.Generator | None = None):
         h_b = self.enc_b(x)
         h_t = self.enc_t(h_b)
-        q_t, codes_t, commit_t = self.quant_t(self.to_top(h_t), stream)
-        q_b, codes_b, commit_b = self.quant_b(self.to_bottom(torch.cat([h_b, self.dec_t(q_t)], 1)), stream)
-        return q_t, q_b, commit_t + commit_b, (codes_t, codes_b)
+        q_t, codes_t, commit_t, book_t = self.quant_t(self.to_top(h_t), stream)
+        q_b, codes_b, commit_b, book_b = self.quant_b(self.to_bottom(torch.cat([h_b, self.dec_t(q_t)], 1)), stream)
+        codebook = None if book_t is None else book_t + book_b
+        return q_t, q_b, commit_t + commit_b, codebook, (codes_t, codes_b)
 
     def decode_vectors(self, q_t: torch.Tensor, q_b: torch.Tensor) -> torch.Tensor:
         return self.dec(torch.cat([self.up_t(q_t), q_b], 1))
@@ -109,7 +113,7 @@ class VqVae2(nn.Module):
         """Images in [-1, 1] -> (top codes, bottom codes), in eval mode (the codebook does not move)."""
         training = self.training
         self.eval()
-        _, _, _, codes = self.quantise(images)
+        *_, codes = self.quantise(images)
         self.train(training)
         return codes
 
@@ -122,7 +126,7 @@ class VqVae2(nn.Module):
 def loss(model: VqVae2, x: torch.Tensor, beta: float, stream: torch.Generator | None = None
          ) -> tuple[torch.Tensor, dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
     """||x - D(e)||^2 + beta ||sg[e] - E(x)||^2 (the codebook term is the EMA update), its parts, and the codes."""
-    reconstruction, commitment, codes = model(x, stream)
+    reconstruction, commitment, _, codes = model(x, stream)
     mse = F.mse_loss(reconstruction, x)
     return mse + beta * commitment, {"mse": mse.item(), "commitment": commitment.item()}, codes
 

@@ -7,6 +7,10 @@ to the encoder. A code whose EMA count (before smoothing) falls below `dead_belo
 a step of late, restarts at an encoder output of the current batch, drawn from the trainer's keyed stream. The
 counts start at 1, so every code the first batch leaves unused restarts at step 1 (a data-dependent
 initialisation); a restarted code left unused again restarts again at the next step.
+
+`learned="gradient"` is the paper's other codebook (its equation 3): the codes are parameters trained by the
+codebook loss ||sg[E(x)] - e||^2, with no EMA and no restarts, so every data-dependent update of the codebook
+is a gradient. DP-SGD privatises gradients only, so a DP VQ-VAE-2 (fedcli/gan/vqvae2.py) learns its codebook so.
 """
 
 from __future__ import annotations
@@ -16,14 +20,22 @@ import torch.nn.functional as F
 from torch import nn
 
 
+CODEBOOKS = ("ema", "gradient")
+
+
 class Quantizer(nn.Module):
-    def __init__(self, dim: int, codes: int, decay: float = 0.99, eps: float = 1e-5, dead_below: float = 1.0):
+    def __init__(self, dim: int, codes: int, decay: float = 0.99, eps: float = 1e-5, dead_below: float = 1.0,
+                 learned: str = "ema"):
         super().__init__()
         self.dim, self.codes, self.decay, self.eps, self.dead_below = dim, codes, decay, eps, dead_below
+        self.learned = learned
         embed = torch.randn(codes, dim) * dim ** -0.5  # under the caller's seeded initialisation
-        self.register_buffer("embed", embed)
-        self.register_buffer("cluster_size", torch.ones(codes))
-        self.register_buffer("embed_sum", embed.clone())
+        if learned == "gradient":
+            self.embed = nn.Parameter(embed)
+        else:
+            self.register_buffer("embed", embed)
+            self.register_buffer("cluster_size", torch.ones(codes))
+            self.register_buffer("embed_sum", embed.clone())
         self.restarted = 0  # codes restarted by the last update
 
     def nearest(self, flat: torch.Tensor) -> torch.Tensor:
@@ -32,18 +44,22 @@ class Quantizer(nn.Module):
         return distance.argmin(1)
 
     def forward(self, z: torch.Tensor, stream: torch.Generator | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """z (B, D, H, W) -> (straight-through quantised z, codes (B, H, W), commitment ||sg[e] - z||^2). In
-        training mode the codebook takes one EMA step (dead codes restart from `stream`)."""
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """z (B, D, H, W) -> (straight-through quantised z, codes (B, H, W), commitment ||sg[e] - z||^2, the
+        codebook loss ||sg[z] - e||^2 of a gradient codebook, else None). In training mode an EMA codebook takes
+        one step (dead codes restart from `stream`)."""
         b, d, h, w = z.shape
         flat = z.permute(0, 2, 3, 1).reshape(-1, d)
         codes = self.nearest(flat.detach())
         quantised = self.embed[codes]
-        if self.training:
+        codebook = None
+        if self.learned == "gradient":
+            codebook = F.mse_loss(quantised, flat.detach())
+        elif self.training:
             self.ema_update(flat.detach(), codes, stream)
         commitment = F.mse_loss(flat, quantised.detach())
         out = flat + (quantised - flat).detach()  # straight through: the decoder's gradient reaches z as it is
-        return out.view(b, h, w, d).permute(0, 3, 1, 2), codes.view(b, h, w), commitment
+        return out.view(b, h, w, d).permute(0, 3, 1, 2), codes.view(b, h, w), commitment, codebook
 
     @torch.no_grad()
     def ema_update(self, flat: torch.Tensor, codes: torch.Tensor, stream: torch.Generator | None) -> None:
