@@ -261,11 +261,14 @@ def train_gan(
         "Train each discriminator with DP-SGD (Opacus: Poisson sampling, per-image clipping, Gaussian noise "
         "solved for this epsilon over the planned iterations, RDP accountant); the generator and buffer are then "
         "(epsilon, delta)-DP per training image. inf: the DP code path without noise; off: no DP. Turns off ADA, "
-        "FID early stopping and snapshot choice, phase 2 and minibatch std; fake labels uniform.")),
+        "FID early stopping and snapshot choice, phase 2 and minibatch std; fake labels uniform. vqvae2: the "
+        "chain hands on weights alone, the VQ-VAE-2 (gradient codebooks) and each node's prior train by DP-SGD "
+        "under one guarantee, and only prior samples are released (needs --prior-iterations).")),
     dp_delta: Optional[float] = typer.Option(None, help="DP delta \\[default: 1 / (10 x the node's training images); "
                                              "at least 1 / N is refused].", show_default=False),
     dp_max_grad_norm: float = typer.Option(GanConfig.dp_max_grad_norm, help="DP clipping bound C: each real image's "
-                                           "gradient over all discriminator parameters is clipped to this L2 norm."),
+                                           "gradient over all discriminator (vqvae2: VQ-VAE-2, prior) parameters "
+                                           "is clipped to this L2 norm."),
     vq_lr: float = typer.Option(GanConfig.vq_lr, help="vqvae2: Adam learning rate of the VQ-VAE-2 and its priors."),
     vq_beta: float = typer.Option(GanConfig.vq_beta, help="vqvae2: commitment weight beta."),
     vq_decay: float = typer.Option(GanConfig.vq_decay, help="vqvae2: the codebooks' EMA decay."),
