@@ -26,10 +26,10 @@ DP_VQ = ["--generator", "vqvae2", "--iterations", "6", "--batch", "16", "--vq-ch
 
 @pytest.fixture(scope="module")
 def dp_chain(tmp_path_factory):
-    """Three 16 px digits nodes and a DP VQ-VAE-2 chain across them, with what each institution trained on and
+    """Two 16 px digits nodes and a DP VQ-VAE-2 chain across them, with what each institution trained on and
     every payload kind the chain sent recorded."""
     exp = tmp_path_factory.mktemp("vq-dp") / "exp"
-    Cli().ok("partition", "--nodes", "3", "--image-size", "16", "--exp", exp)
+    Cli().ok("partition", "--nodes", "2", "--image-size", "16", "--exp", exp)
     trained, sent = [], []
     original_train, original_send = vqvae2.train_vqvae_private, vqvae2.SerialTraining.send
 
@@ -52,7 +52,7 @@ def dp_chain(tmp_path_factory):
 def test_the_dp_chain_hands_on_weights_alone_and_releases_prior_samples_only(dp_chain):
     exp, trained, sent = dp_chain
     manifest = Manifest.load(exp)
-    assert len(trained) == 3
+    assert len(trained) == 2
     for images, node in zip(trained, manifest.node_names):  # its own images, no decoded codes of anyone's
         assert torch.equal(images, to_float(NodeDataset(manifest, node, "train").images))
     assert set(sent) == {"model"}  # no codes leave a node, on the chain or its return leg
