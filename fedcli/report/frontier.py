@@ -145,8 +145,8 @@ def frontier_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
         x, y = row["reconstructed by attack"], row[metric]
         right.errorbar([x.mean], [y.mean], xerr=[x.std], yerr=[y.std], marker="s", capsize=3, label=label)
     left.axvline(0.5, color="grey", linewidth=0.8, linestyle=":")
-    left.set_xlabel("membership AUROC of the released generator (0.5 = no leak; VQ-VAE-2: of its buffer)")
-    right.set_xlabel("share of images reconstructed (closer to their own than to any other)")
+    left.set_xlabel("membership AUROC of the released generator\n(0.5 = no leak; VQ-VAE-2: of its buffer)")
+    right.set_xlabel("share of images reconstructed\n(closer to their own than to any other)")
     left.set_ylabel(f"federated {metric}")
     for axis, title in ((left, "Membership"), (right, "Reconstruction")):
         axis.set_title(title)
