@@ -313,7 +313,8 @@ def score_node(cfg: AuditConfig, inputs: NodeInputs, frame: pd.DataFrame, audite
                                                                 dp["delta"]),
                               "scope": "the generator and its buffer; FedER's travelling classifiers are not DP"}
         summary["note"] = (f"({dp['epsilon']:.3g}, {dp['delta']:.2g})-DP per training image for the generator and "
-                           f"buffer ({dp.get('privatised', 'DP-SGD discriminator')}); the attack scores are empirical")
+                           f"buffer by {dp.get('privatised', 'a DP-SGD discriminator')}; the attack scores are "
+                           "empirical")
     return summary
 
 

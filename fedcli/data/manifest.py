@@ -132,6 +132,14 @@ class Manifest:
                 return node
         raise UserError(f"no node {name!r} in the partition; valid nodes: {', '.join(self.node_names)}")
 
+    def train_count(self, node: str) -> int:
+        """How many training images a node holds: its records' count, or the count a node manifest keeps of
+        another node's (fedcli/data/node_manifest.py)."""
+        entry = next((n for n in self.data["nodes"] if n["name"] == node), None)
+        if entry is None:
+            return len(self.node(node)["train"])  # refused there, naming the nodes
+        return len(entry["train"]) if "train" in entry else entry["train_count"]
+
     def records(self, node: str, split: str, folds: list[int] | None = None) -> list[dict[str, Any]]:
         """A node's train or test records, its part of the shared set, or (few labels, data/label_parts.py) its
         unlabelled part (labels null), validation part or the held-apart set it holds; none where the partition

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -66,10 +67,10 @@ def default_delta(images: int) -> float:
 
 
 def plan(epsilon: float, delta: float | None, max_grad_norm: float, batch: int, images: int, steps: int,
-         node: str, what: str = "discriminator steps") -> DpPlan:
-    """The noise multiplier that spends `epsilon` over `steps` DP-SGD steps (`what` they are, for a refusal) at
-    sample rate batch / N, refusing a delta of 1 / N or more and an epsilon that only noise louder than the
-    gradients could meet."""
+         node: str, what: str = "discriminator steps", fewer: str = "--iterations") -> DpPlan:
+    """The noise multiplier that spends `epsilon` over `steps` DP-SGD steps (`what` they are, and the options
+    that lower them, `fewer`, for a refusal) at sample rate batch / N, refusing a delta of 1 / N or more and an
+    epsilon that only noise louder than the gradients could meet."""
     try:
         import opacus  # noqa: F401
     except ImportError as exc:
@@ -79,18 +80,18 @@ def plan(epsilon: float, delta: float | None, max_grad_norm: float, batch: int, 
         raise UserError(f"--dp-delta {delta:g} is at least 1 / N = 1 / {images} for node {node}: such a delta allows "
                         f"releasing a training image outright; use a delta below {1 / images:.3g} (default 1 / (10 N))")
     sample_rate = min(1.0, batch / images)
-    sigma = 0.0 if math.isinf(epsilon) else solve_noise(epsilon, delta, sample_rate, steps, what)
+    sigma = 0.0 if math.isinf(epsilon) else solve_noise(epsilon, delta, sample_rate, steps, what, fewer)
     # the noise on the averaged gradient (std sigma x C / expected batch, per coordinate) would exceed the
     # largest averaged gradient itself (norm C): every step would be mostly noise
     if sigma > sample_rate * images:
         raise UserError(f"--dp-epsilon {epsilon:g} is too small for {steps} {what} on node {node}'s "
                         f"{images} images: it needs noise multiplier {sigma:.3g}, more than the expected batch "
-                        f"({sample_rate * images:.3g}); raise --dp-epsilon or lower --iterations")
+                        f"({sample_rate * images:.3g}); raise --dp-epsilon or lower {fewer}")
     return DpPlan(epsilon, delta, max_grad_norm, sample_rate, steps, sigma, images)
 
 
-def solve_noise(epsilon: float, delta: float, sample_rate: float, steps: int, what: str = "discriminator steps"
-                ) -> float:
+def solve_noise(epsilon: float, delta: float, sample_rate: float, steps: int, what: str = "discriminator steps",
+                fewer: str = "--iterations") -> float:
     from opacus.accountants.utils import get_noise_multiplier
 
     try:
@@ -99,7 +100,7 @@ def solve_noise(epsilon: float, delta: float, sample_rate: float, steps: int, wh
                                           alphas=ORDERS))
     except ValueError as exc:  # Opacus: sigma would pass its ceiling
         raise UserError(f"--dp-epsilon {epsilon:g} is too small for {steps} {what} ({exc}); raise "
-                        "--dp-epsilon or lower --iterations") from exc
+                        f"--dp-epsilon or lower {fewer}") from exc
 
 
 def spent_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
@@ -166,10 +167,13 @@ class DpSgd:
             p.grad_sample = grads[name]
         return self.optimizer.pre_step()
 
-    def step(self, loss, *batch: torch.Tensor) -> bool:
-        """One DP-SGD update of the module on `batch`; False when Opacus skips it."""
+    def step(self, loss, *batch: torch.Tensor, exact: Sequence[torch.Tensor] = ()) -> bool:
+        """One DP-SGD update of the module on `batch`, plus `exact`: gradients (one per parameter) of a loss that
+        reads no real image, added without clipping or noise. False when Opacus skips the step."""
         if not self.noised_mean(loss, *batch):
             return False
+        for p, extra in zip(self.module.parameters(), exact):
+            p.grad.add_(extra)
         self.optimizer.original_optimizer.step()
         return True
 
@@ -195,11 +199,8 @@ class PrivateUpdate(DpSgd):
 
         return loss
 
-    def step(self, reals: torch.Tensor, labels: torch.Tensor, r1_weight: float, fake_loss: torch.Tensor) -> None:
+    def d_step(self, reals: torch.Tensor, labels: torch.Tensor, r1_weight: float, fake_loss: torch.Tensor) -> None:
         """One D update: the noised mean of the real half plus fake_loss's own gradient, which reads no real
         image and so needs neither clipping nor noise."""
         fake_grads = torch.autograd.grad(fake_loss, list(self.D.parameters()))
-        if self.noised_mean(self.real_loss(r1_weight), reals, labels):
-            for p, extra in zip(self.D.parameters(), fake_grads):
-                p.grad.add_(extra)
-            self.optimizer.original_optimizer.step()
+        self.step(self.real_loss(r1_weight), reals, labels, exact=fake_grads)

@@ -199,7 +199,7 @@ class GanTrainer:
         s = self.s
         fake_loss = losses.d_fake(fake_logits)
         r1_weight = s.r1_gamma / 2 * s.r1_every if do_r1 else 0.0
-        self.private.step(reals, real_labels, r1_weight, fake_loss)
+        self.private.d_step(reals, real_labels, r1_weight, fake_loss)
         return fake_loss.detach()
 
     def _update_ema(self) -> None:

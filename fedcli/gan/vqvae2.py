@@ -68,7 +68,7 @@ from fedcli.vqvae.quantizer import perplexity
 
 CHAIN_OPTIONS = ("iterations", "batch", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim", "vq_channels")
 DP_OPTIONS = ("dp_epsilon", "dp_delta", "dp_max_grad_norm", "prior_iterations")  # a DP chain's noise depends on them
-PRIVATISED = "the VQ-VAE-2 (DP-SGD, gradient codebooks; no codes leave the node) and its priors (DP-SGD)"
+PRIVATISED = "DP-SGD on the VQ-VAE-2, with gradient codebooks and no codes leaving the node, and on its priors"
 CHECKPOINT_FORMAT = 2  # per institution, its own rows and bytes (format 1 held one file with every node's)
 RECONSTRUCTIONS = "decoded"  # the role of the sampler of decoded codes, beside a prior's samples
 
@@ -147,7 +147,7 @@ class VqVae2Kind:
         if cfg.node and cfg.engine == "inprocess":
             raise UserError(f"--node {cfg.node}: a vqvae2 generator trains serially across every node in turn "
                             "(Algorithm 1); drop --node")
-        plans = dp_plans(cfg, manifest, local or nodes) if cfg.private else None  # refused before any training
+        plans = dp_plans(cfg, manifest, nodes) if cfg.private else None  # every process refuses before training
         arch = architecture(cfg, manifest)
         return SerialTraining(cfg, manifest, list(nodes), seed, device, arch, prior_architecture(cfg, arch),
                               list(local or nodes), transport or InProcessTransport(), plans)
@@ -171,8 +171,8 @@ def dp_plans(cfg: GanConfig, manifest: Manifest, nodes: Sequence[str]) -> dict[s
                         "trains no prior (the buffer would be decoded codes of real images); give --prior-iterations")
     what = "DP-SGD steps (--iterations of the VQ-VAE-2 and --prior-iterations of its prior)"
     return {node: private.plan(cfg.dp_epsilon, cfg.dp_delta, cfg.dp_max_grad_norm, cfg.batch,
-                               len(manifest.node(node)["train"]), cfg.iterations + cfg.prior_iterations, node, what)
-            for node in nodes}
+                               manifest.train_count(node), cfg.iterations + cfg.prior_iterations, node, what,
+                               fewer="--iterations or --prior-iterations") for node in nodes}
 
 
 def batches(n: int, batch: int, steps: int, stream: torch.Generator):
@@ -230,16 +230,24 @@ def example_loss(model: VqVae2, beta: float):
 def train_vqvae_private(model: VqVae2, images: torch.Tensor, cfg: GanConfig, plan: private.DpPlan,
                         stream: torch.Generator, noise: torch.Generator, device: str, log) -> None:
     """--iterations DP-SGD steps on the node's own images (float [-1, 1]): Poisson batches from `stream`, each
-    image's gradient clipped, noise from `noise`. Only the batch's size is logged: no number computed from real
-    images may leave a step unnoised."""
+    image's gradient clipped, noise from `noise`. Only the step is logged: no number computed from real images
+    may leave a step unnoised (a Poisson batch's size counts the images drawn, so it is not logged either)."""
     update = private.DpSgd(model, torch.optim.Adam(model.parameters(), lr=cfg.vq_lr), plan, noise)
     loss = example_loss(model, cfg.vq_beta)
     model.train()
     for i in range(1, cfg.iterations + 1):
         index = private.poisson_batch(len(images), plan.sample_rate, stream)
         update.step(loss, images[index].to(device))
-        log({"iteration": i, "drawn": len(index)})
+        log({"iteration": i})
     model.eval()
+
+
+def prior_loss(pair: "PriorPair"):
+    """One image's code maps' summed NLL as a function of both priors' parameters."""
+    def loss(params: dict, top: torch.Tensor, bottom: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        return functional_call(pair, params, (top[None], bottom[None], label[None]))
+
+    return loss
 
 
 class PriorPair(nn.Module):
@@ -256,23 +264,20 @@ class PriorPair(nn.Module):
 def train_prior_private(generator: VqGenerator, codes: NodeCodes, cfg: GanConfig, plan: private.DpPlan,
                         stream: torch.Generator, noise: torch.Generator, device: str, log) -> None:
     """--prior-iterations DP-SGD steps of both priors on the node's codes (one code map per image, Poisson batches
-    at the plan's rate); only the batch's size is logged."""
+    at the plan's rate); only the step is logged."""
     pair = PriorPair(generator)
     update = private.DpSgd(pair, torch.optim.Adam(pair.parameters(), lr=cfg.vq_lr), plan, noise)
-
-    def example_loss(params: dict, top: torch.Tensor, bottom: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        return functional_call(pair, params, (top[None], bottom[None], label[None]))
-
     for i in range(1, cfg.prior_iterations + 1):
         index = private.poisson_batch(len(codes), plan.sample_rate, stream)
-        update.step(example_loss, *(t[index].to(device) for t in (codes.top, codes.bottom, codes.labels)))
-        log({"phase": "prior", "iteration": i, "drawn": len(index)})
+        update.step(prior_loss(pair), *(t[index].to(device) for t in (codes.top, codes.bottom, codes.labels)))
+        log({"phase": "prior", "iteration": i})
     generator.eval()
 
 
 @dataclasses.dataclass
 class Held:
-    """What the institution the chain has reached holds: the VQ-VAE-2 and every earlier institution's codes."""
+    """What the institution the chain has reached holds: the VQ-VAE-2 and every earlier institution's codes (none
+    under DP)."""
 
     model: VqVae2
     codes: dict[str, NodeCodes]
@@ -352,7 +357,7 @@ class SerialTraining:
         return payload
 
     def send_on(self, k: int, held: Held, counted: bool = True) -> None:
-        """Institution k sends its weights and the codes so far to institution k + 1."""
+        """Institution k sends its weights and the codes so far (under DP its weights alone) to institution k + 1."""
         node, after = self.nodes[k], self.nodes[k + 1]
         self.send(k + 1, node, after, "model", encode_model(held.model.state_dict()), counted)
         if not self.plans:
@@ -360,7 +365,8 @@ class SerialTraining:
         self.transport.flush()  # institution k + 1 is waiting for it
 
     def receive(self, k: int) -> Held:
-        """What institution k - 1 sent, validated: the model, and codes of exactly the earlier institutions."""
+        """What institution k - 1 sent, validated: the model, and codes of exactly the earlier institutions (none
+        under DP)."""
         before, node = self.nodes[k - 1], self.nodes[k]
         model = built(lambda: VqVae2(self.arch)).to(self.device)
         model.load_state_dict(decode_model(self.received_bytes(k, before, node, "model"), model.state_dict()))
@@ -516,8 +522,8 @@ class SerialTraining:
         return decode_codes(codes_bytes, code_shape(self.arch), [node])[node]
 
     def private_share(self, node: str, generator: VqGenerator, data: NodeDataset, rows: list[dict]) -> Trained:
-        """Under DP: the prior's samples alone are released; no codes file, and no statistic of the node's real
-        images in its record (what the accountant covers is what leaves the node)."""
+        """Under DP: the prior's samples alone are released; no codes file, and no statistic of its codes in the
+        record (the fidelity score, on the node's real images as for a DP GAN, is the stage's, beside it)."""
         if not all(p.isfinite().all() for p in generator.parameters()):
             raise diverged(node)
         plan = self.plans[node]

@@ -125,10 +125,12 @@ class VqVae2(nn.Module):
 
 def loss(model: VqVae2, x: torch.Tensor, beta: float, stream: torch.Generator | None = None
          ) -> tuple[torch.Tensor, dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
-    """||x - D(e)||^2 + beta ||sg[e] - E(x)||^2 (the codebook term is the EMA update), its parts, and the codes."""
-    reconstruction, commitment, _, codes = model(x, stream)
+    """||x - D(e)||^2 + beta ||sg[e] - E(x)||^2 (an EMA codebook's term is its update; a gradient codebook adds
+    ||sg[E(x)] - e||^2), its parts, and the codes."""
+    reconstruction, commitment, codebook, codes = model(x, stream)
     mse = F.mse_loss(reconstruction, x)
-    return mse + beta * commitment, {"mse": mse.item(), "commitment": commitment.item()}, codes
+    total = mse + beta * commitment
+    return total if codebook is None else total + codebook, {"mse": mse.item(), "commitment": commitment.item()}, codes
 
 
 def code_shape(arch: VqArchitecture) -> CodeShape:

@@ -1,6 +1,7 @@
-"""Vector quantisation with an EMA codebook (van den Oord et al. 2017, appendix A.1; Razavi et al. 2019).
+"""Vector quantisation with an EMA codebook (van den Oord et al. 2017, appendix A.1; Razavi et al. 2019), or
+a gradient codebook (below).
 
-The codebook is not trained by gradient: each code moves to the exponential moving average of the encoder
+An EMA codebook is not trained by gradient: each code moves to the exponential moving average of the encoder
 outputs assigned to it (decay `decay`, Laplace-smoothed counts), and the encoder is held to its codes by the
 commitment loss beta ||sg[e] - E(x)||^2. The quantised output passes the decoder's gradient straight through
 to the encoder. A code whose EMA count (before smoothing) falls below `dead_below`, chosen less than about once
@@ -28,6 +29,8 @@ class Quantizer(nn.Module):
                  learned: str = "ema"):
         super().__init__()
         self.dim, self.codes, self.decay, self.eps, self.dead_below = dim, codes, decay, eps, dead_below
+        if learned not in CODEBOOKS:
+            raise ValueError(f"a codebook is learned by one of {', '.join(CODEBOOKS)}, not {learned!r}")
         self.learned = learned
         embed = torch.randn(codes, dim) * dim ** -0.5  # under the caller's seeded initialisation
         if learned == "gradient":
