@@ -266,8 +266,8 @@ def decoy_scores(attack: Attack, originals: torch.Tensor, others: torch.Tensor, 
     originals as the attack's reconstructions were, and scored as they are against the rest of `others`."""
     if len(others) <= len(originals):
         raise UserError(f"node {attack.node} holds {len(others)} images outside the {len(originals)} its "
-                        f"{attack.attack} attack rebuilt, too few to draw as many decoys and leave others to compare with; lower "
-                        "--attack-images, or partition with more test images per node")
+                        f"{attack.attack} attack rebuilt, too few to draw as many decoys and leave others to compare "
+                        "with; lower --attack-images, or partition with more test images per node")
     order = torch.randperm(len(others), generator=torch_stream(seed, attack.node, "attack-decoys", attack.attack,
                                                                 attack.batch))
     decoys, rest = others[order[:len(originals)]], others[order[len(originals):]]

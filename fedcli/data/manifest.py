@@ -135,9 +135,7 @@ class Manifest:
     def train_count(self, node: str) -> int:
         """How many training images a node holds: its records' count, or the count a node manifest keeps of
         another node's (fedcli/data/node_manifest.py)."""
-        entry = next((n for n in self.data["nodes"] if n["name"] == node), None)
-        if entry is None:
-            return len(self.node(node)["train"])  # refused there, naming the nodes
+        entry = Manifest.node(self, node)  # not a node manifest's refusal: the count is what it holds of the others
         return len(entry["train"]) if "train" in entry else entry["train_count"]
 
     def records(self, node: str, split: str, folds: list[int] | None = None) -> list[dict[str, Any]]:

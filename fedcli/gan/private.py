@@ -181,10 +181,9 @@ class DpSgd:
 class PrivateUpdate(DpSgd):
     """D's optimiser under DP-SGD: the real half's per-image gradients privatised, the fake half's added."""
 
-    def __init__(self, discriminator: nn.Module, adam: torch.optim.Optimizer, dp: DpPlan,
-                 noise: torch.Generator):
-        super().__init__(discriminator, adam, dp, noise)
-        self.D = discriminator
+    @property
+    def D(self) -> nn.Module:
+        return self.module
 
     def real_loss(self, r1_weight: float):
         """softplus(-D(x)) + r1_weight x |dD/dx|^2 of one real image, as a function of D's parameters."""

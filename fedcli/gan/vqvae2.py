@@ -43,7 +43,6 @@ from collections.abc import Sequence
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -63,7 +62,7 @@ from fedcli.progress import StepProgress
 from fedcli.replay.buffer import to_uint8
 from fedcli.rng import stream_seed, torch_stream
 from fedcli.vqvae.codes import NodeCodes, from_tensors
-from fedcli.vqvae.networks import VqArchitecture, VqVae2, code_shape, decode_all, encode_all, loss
+from fedcli.vqvae.networks import VqArchitecture, VqVae2, code_shape, decode_all, encode_all, loss, objective
 from fedcli.vqvae.quantizer import perplexity
 
 CHAIN_OPTIONS = ("iterations", "batch", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim", "vq_channels")
@@ -218,11 +217,10 @@ def train_prior(generator: VqGenerator, codes: NodeCodes, cfg: GanConfig, stream
 
 
 def example_loss(model: VqVae2, beta: float):
-    """One image's loss as a function of the parameters of a VQ-VAE-2 with gradient codebooks: ||x - D(e)||^2 +
-    ||sg[E(x)] - e||^2 + beta ||sg[e] - E(x)||^2 (van den Oord et al. 2017, equation 3)."""
+    """One image's objective as a function of the parameters of a VQ-VAE-2 with gradient codebooks (van den Oord
+    et al. 2017, equation 3)."""
     def loss(params: dict, x: torch.Tensor) -> torch.Tensor:
-        reconstruction, commitment, codebook, _ = functional_call(model, params, (x[None],))
-        return F.mse_loss(reconstruction, x[None]) + codebook + beta * commitment
+        return objective(functional_call(model, params, (x[None],)), x[None], beta)[0]
 
     return loss
 
@@ -492,18 +490,25 @@ class SerialTraining:
             raise diverged(node)
         buffer = None if self.prior else (to_uint8(reconstruction), codes.labels.clone())
         mse = float(((reconstruction - to_float(data.images)) ** 2).mean()) if len(codes) else float("nan")
-        meta = {"node": node, "manifest": self.manifest.content_hash}
-        files = {GENERATOR: ({k: v.detach().cpu() for k, v in generator.state_dict().items()}, meta),
-                 CODES: (codes.tensors(), meta)}
-        record = {"architecture": dataclasses.asdict(self.arch), "device": self.device, "train_images": len(data),
-                  "prior_architecture": dataclasses.asdict(self.prior) if self.prior else None,
-                  "serial": {"order": self.nodes, **self.seen[node], "bytes_received": self.received[node],
-                             "bytes_sent": self.sent[node]},
-                  "codes": {"images": len(codes), "perplexity_top": perplexity(codes.top, self.arch.codes),
-                            "perplexity_bottom": perplexity(codes.bottom, self.arch.codes),
-                            "reconstruction_mse": mse},
-                  "buffer_kind": "prior samples" if self.prior else "decoded codes"}
+        files = self.files(node, generator) | {CODES: (codes.tensors(), self.meta(node))}
+        record = self.record(node, data) | {
+            "codes": {"images": len(codes), "perplexity_top": perplexity(codes.top, self.arch.codes),
+                      "perplexity_bottom": perplexity(codes.bottom, self.arch.codes), "reconstruction_mse": mse},
+            "buffer_kind": "prior samples" if self.prior else "decoded codes"}
         return Trained(generators, files, pd.DataFrame(rows), record, decoded=buffer)
+
+    def meta(self, node: str) -> dict:
+        return {"node": node, "manifest": self.manifest.content_hash}
+
+    def files(self, node: str, generator: VqGenerator) -> dict:
+        return {GENERATOR: ({k: v.detach().cpu() for k, v in generator.state_dict().items()}, self.meta(node))}
+
+    def record(self, node: str, data: NodeDataset) -> dict:
+        """config.json's keys every share has: the networks, the device, the images and the node's chain."""
+        return {"architecture": dataclasses.asdict(self.arch), "device": self.device, "train_images": len(data),
+                "prior_architecture": dataclasses.asdict(self.prior) if self.prior else None,
+                "serial": {"order": self.nodes, **self.seen[node], "bytes_received": self.received[node],
+                           "bytes_sent": self.sent[node]}}
 
     def returned(self, node: str, generator: VqGenerator, data: NodeDataset) -> NodeCodes:
         """Load the final VQ-VAE-2 the last institution returned; the node's codes it returned, or under DP
@@ -526,17 +531,11 @@ class SerialTraining:
         record (the fidelity score, on the node's real images as for a DP GAN, is the stage's, beside it)."""
         if not all(p.isfinite().all() for p in generator.parameters()):
             raise diverged(node)
-        plan = self.plans[node]
-        meta = {"node": node, "manifest": self.manifest.content_hash}
-        files = {GENERATOR: ({k: v.detach().cpu() for k, v in generator.state_dict().items()}, meta)}
-        record = {"architecture": dataclasses.asdict(self.arch), "device": self.device, "train_images": len(data),
-                  "prior_architecture": dataclasses.asdict(self.prior),
-                  "serial": {"order": self.nodes, **self.seen[node], "bytes_received": self.received[node],
-                             "bytes_sent": self.sent[node]},
-                  "buffer_kind": "prior samples",
-                  "dp": plan.record() | {"privatised": PRIVATISED, "parts": {"vqvae": self.cfg.iterations,
-                                                                             "prior": self.cfg.prior_iterations}}}
-        return Trained({RELEASED: generator}, files, pd.DataFrame(rows), record)
+        parts = {"vqvae": self.cfg.iterations, "prior": self.cfg.prior_iterations}
+        record = self.record(node, data) | {
+            "buffer_kind": "prior samples",
+            "dp": self.plans[node].record() | {"privatised": PRIVATISED, "parts": parts}}
+        return Trained({RELEASED: generator}, self.files(node, generator), pd.DataFrame(rows), record)
 
 
 def diverged(node: str) -> UserError:

@@ -212,6 +212,17 @@ def by_skew(subs: list[SubExperiment]) -> dict[float, list[SubExperiment]]:
     return dict(sorted(groups.items()))
 
 
+def decoded_fidelity(gan: dict) -> dict | None:
+    """A VQ-VAE-2 node's fidelity score of its decoded codes: scored beside a prior's samples, or the buffer's own
+    where the buffer is its decoded codes; None where none was scored (under DP no codes are decoded)."""
+    fidelity = gan.get("fidelity")
+    if not fidelity:
+        return None
+    if "decoded" in fidelity:
+        return fidelity["decoded"]
+    return fidelity if gan.get("buffer_kind") == "decoded codes" else None
+
+
 def dp_label(epsilon: float | None) -> str:
     return "no DP" if epsilon is None else f"epsilon {epsilon:g}"
 

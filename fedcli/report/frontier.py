@@ -28,16 +28,14 @@ def generator_setting(sub: SubExperiment) -> tuple[str, str, float, str] | None:
     if len(settings) != 1:
         return None
     kind, alpha, loss, epsilon, prior = settings.pop()
-    private = epsilon not in (None, "off")
-    if kind == "vqvae2" and private:  # prior samples only
-        place = f"epsilon {float(epsilon):g}"
-        return "VQ-VAE-2 DP", f"VQ-VAE-2 DP {place}: prior samples", float(epsilon), place
-    if kind == "vqvae2":  # no privacy setting: what it releases
+    place = f"epsilon {float(epsilon):g}" if epsilon not in (None, "off") else None
+    if kind == "vqvae2":  # named by what it releases (under DP, prior samples only)
         what = "prior samples" if prior else "decoded codes"
+        if place:
+            return "VQ-VAE-2 DP", f"VQ-VAE-2 DP {place}: {what}", float(epsilon), place
         return f"VQ-VAE-2 {what}", f"VQ-VAE-2: {what}", 0.0, what
     prefix = "" if kind == "stylegan2" else f"{kind} "
-    if private:
-        place = f"epsilon {float(epsilon):g}"
+    if place:
         return f"{prefix}DP", f"{prefix}DP {place}", float(epsilon), place
     if not alpha:
         return f"{prefix}no privacy loss", f"{prefix}no privacy loss (alpha 0)", 0.0, "alpha 0"

@@ -20,8 +20,8 @@ from fedcli.fl.federate_config import select_keys, varies_for
 from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.fl.transport import EVERYONE
-from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, by_skew, cross_scores, dp_label, own_rows,
-                                   own_scores, source_of, stylegan_subs, variant_label)
+from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, by_skew, cross_scores, decoded_fidelity,
+                                   dp_label, own_rows, own_scores, source_of, stylegan_subs, variant_label)
 from fedcli.report.paired import paired_bootstrap_frame
 
 # the table families strategies declare (fl/strategies/): Tables 2, 4 and the paired table, 7, and 3
@@ -660,8 +660,7 @@ def vqvae2_summary(subs: list[SubExperiment], gans: list[dict]) -> Built:
         scored = [g["fidelity"] for g in mine if g.get("fidelity")]
         if scored:
             rows[node] |= {"fidelity ratio": Stat.of([f["ratio"] for f in scored]),
-                           "ratio decoded codes": Stat.of([f.get("decoded", f)["ratio"] for g in mine
-                                                           if (f := g.get("fidelity")) and not g.get("dp")]),
+                           "ratio decoded codes": Stat.of([d["ratio"] for g in mine if (d := decoded_fidelity(g))]),
                            "real acc": Stat.of([f["real_accuracy"] for f in scored]),
                            "class fidelity": Stat.of([f["class_fidelity"] for f in scored])}
         if standalone:

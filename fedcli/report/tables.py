@@ -7,6 +7,7 @@ from rich.table import Table
 
 from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.strategies.base import ENSEMBLE
+from fedcli.report.collect import decoded_fidelity
 
 
 def gan_table(summaries: list[dict]) -> Table:
@@ -66,8 +67,8 @@ def vqvae2_table(summaries: list[dict]) -> Table:
                     f"{codes['reconstruction_mse']:.4f}"] if codes else ["-"] * 3),
                  f"{s['buffer']['size']} {s['buffer_kind']}"]
         if scored:
-            decoded = "-" if s.get("dp") else f"{f.get('decoded', f)['ratio']:.3f}" if f else "-"  # DP: none scored
-            cells += [f"{f['ratio']:.3f}" if f else "-", decoded]
+            decoded = decoded_fidelity(s)
+            cells += [f"{f['ratio']:.3f}" if f else "-", f"{decoded['ratio']:.3f}" if decoded else "-"]
         if private:
             cells += dp_cells(s.get("dp"))
         table.add_row(*cells)

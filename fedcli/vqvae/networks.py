@@ -123,14 +123,20 @@ class VqVae2(nn.Module):
         return self.decode_vectors(self.quant_t.lookup(top), self.quant_b.lookup(bottom)).clamp(-1, 1)
 
 
+def objective(outputs: tuple, x: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """From a forward pass on `x`: (||x - D(e)||^2 [+ ||sg[E(x)] - e||^2, a gradient codebook's term; an EMA
+    codebook's is its update] + beta ||sg[e] - E(x)||^2, the reconstruction error)."""
+    reconstruction, commitment, codebook, _ = outputs
+    mse = F.mse_loss(reconstruction, x)
+    return (mse if codebook is None else mse + codebook) + beta * commitment, mse
+
+
 def loss(model: VqVae2, x: torch.Tensor, beta: float, stream: torch.Generator | None = None
          ) -> tuple[torch.Tensor, dict[str, float], tuple[torch.Tensor, torch.Tensor]]:
-    """||x - D(e)||^2 + beta ||sg[e] - E(x)||^2 (an EMA codebook's term is its update; a gradient codebook adds
-    ||sg[E(x)] - e||^2), its parts, and the codes."""
-    reconstruction, commitment, codebook, codes = model(x, stream)
-    mse = F.mse_loss(reconstruction, x)
-    total = mse + beta * commitment
-    return total if codebook is None else total + codebook, {"mse": mse.item(), "commitment": commitment.item()}, codes
+    """The objective on a batch, its parts, and the codes."""
+    outputs = model(x, stream)
+    total, mse = objective(outputs, x, beta)
+    return total, {"mse": mse.item(), "commitment": outputs[1].item()}, outputs[3]
 
 
 def code_shape(arch: VqArchitecture) -> CodeShape:
