@@ -85,7 +85,10 @@ class GeneratorKind(Protocol):
     name: str
     projectable: bool  # audit-privacy can invert its generators (Invertible); else it attacks the buffer alone
     options: frozenset[str]  # the GanConfig fields it reads beyond the common ones; others must keep their default
-    titles: dict[str, str]  # samples.png's panel title of each role
+
+    def titles(self, cfg: GanConfig) -> dict[str, str]:
+        """samples.png's panels: the title of each role it shows, for what `cfg` trains (a DP GAN's roles all hold
+        its one released generator, so it shows that one)."""
 
     def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
                 device: str) -> NodeTrainer:

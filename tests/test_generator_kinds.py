@@ -50,7 +50,9 @@ class ClassMeans(nn.Module):
 class ClassMeanKind:
     name = "class-mean"
     options = frozenset({"lpips_net", "lpips_weights"})
-    titles = {STANDARD: "class means", RELEASED: "class means (buffer: decoded)", CONTROL: "class means"}
+
+    def titles(self, cfg):
+        return {STANDARD: "class means", RELEASED: "class means (buffer: decoded)", CONTROL: "class means"}
 
     def trainer(self, cfg, manifest, nodes, seed, device):
         return ClassMeanTraining(manifest, Perceptual(cfg.lpips_net, cfg.lpips_weights), device)
@@ -112,3 +114,18 @@ def test_a_class_mean_decoder_goes_through_train_gan_federate_and_the_audit(cli,
     assert summary["verdict"]["result"] in ("pass", "fail", "inconclusive")
     # one generator in all three roles: the privacy effect against the control is exactly none
     assert summary["privacy_effect"]["median_ratio"] == 1.0
+
+
+@pytest.mark.parametrize("options,titles", [
+    ({}, ["standard GAN (phase 1)", "privacy-preserving GAN (phase 2, buffer)", "control (phase 2 at alpha 0)"]),
+    ({"dp_epsilon": 3.0}, ["DP GAN, epsilon 3 (buffer)"]),  # its three roles hold one generator: one panel
+    ({"generator": "vqvae2"}, ["released buffer: decoded codes of its real images"]),  # no prior by default
+    ({"generator": "vqvae2", "prior_iterations": 50}, ["released buffer: prior samples",
+                                                       "decoded codes of its real images"]),
+    ({"generator": "vqvae2", "prior_iterations": 50, "dp_epsilon": 10.0},
+     ["released buffer: DP prior samples, epsilon 10"]),
+])
+def test_samples_png_titles_each_panel_by_what_that_configuration_releases(tmp_path, options, titles):
+    from fedcli.config import GanConfig
+    cfg = GanConfig(exp=tmp_path, **options)
+    assert list(KINDS[cfg.generator].titles(cfg).values()) == titles

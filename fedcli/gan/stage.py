@@ -207,8 +207,9 @@ def write_node(cfg: GanConfig, manifest: Manifest, kind: GeneratorKind, node: st
         save_tensors(out / BUFFER, {"images": images, "labels": labels},
                      buffer_metadata(node, manifest.content_hash, trained.decoded is not None))
         write_csv(out / "metrics.csv", trained.metrics)
-        write_samples(out / "samples.png", trained.generators, kind.titles, classes, manifest["label_names"], seed,
-                      node, device, cfg.truncation)
+        titles = kind.titles(cfg)
+        write_samples(out / "samples.png", {role: trained.generators[role] for role in titles}, titles, classes,
+                      manifest["label_names"], seed, node, device, cfg.truncation)
         summary |= {"buffer": buffer_record(cfg, trained, out), "fidelity": scores}
         write_json(out / "config.json", provenance("train-gan", to_json(cfg), seed, {"manifest": manifest.content_hash})
                    | summary | {"files": record_files(out)})

@@ -44,8 +44,12 @@ class StyleGan2:
         "privacy_scale", "batch", "lr", "r1_gamma", "ada_target", "ada_kimg", "ema_kimg", "style_mixing", "z_dim",
         "w_dim", "channel_base", "channel_max", "lpips_net", "lpips_weights", "fid_weights", "controls", "tiny_node",
         "reference", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "select"})
-    titles = {STANDARD: "standard GAN (phase 1)", RELEASED: "privacy-preserving GAN (phase 2, buffer)",
-              CONTROL: "control (phase 2 at alpha 0)"}
+
+    def titles(self, cfg: GanConfig) -> dict[str, str]:
+        if cfg.private:
+            return {RELEASED: f"DP GAN, epsilon {cfg.dp_epsilon:g} (buffer)"}
+        return {STANDARD: "standard GAN (phase 1)", RELEASED: "privacy-preserving GAN (phase 2, buffer)",
+                CONTROL: "control (phase 2 at alpha 0)"}
 
     def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
                 device: str) -> NodeTraining:

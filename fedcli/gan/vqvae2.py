@@ -137,8 +137,13 @@ class VqVae2Kind:
     options = frozenset({"iterations", "batch", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "vq_lr", "vq_beta",
                          "vq_decay", "vq_codebook", "vq_dim", "vq_channels", "prior_iterations", "prior_channels",
                          "prior_layers"})
-    titles = {RELEASED: "released buffer: prior samples (decoded codes without a prior)",
-              RECONSTRUCTIONS: "decoded codes of its real images"}
+
+    def titles(self, cfg: GanConfig) -> dict[str, str]:
+        if not cfg.prior_iterations:
+            return {RELEASED: "released buffer: decoded codes of its real images"}
+        if cfg.private:  # its codes are kept for the prior alone
+            return {RELEASED: f"released buffer: DP prior samples, epsilon {cfg.dp_epsilon:g}"}
+        return {RELEASED: "released buffer: prior samples", RECONSTRUCTIONS: "decoded codes of its real images"}
     serial = True
 
     def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int, device: str,
