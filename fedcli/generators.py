@@ -90,9 +90,14 @@ class GeneratorKind(Protocol):
         """samples.png's panels: the title of each role it shows, for what `cfg` trains (a DP GAN's roles all hold
         its one released generator, so it shows that one)."""
 
+    def plans(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int) -> dict:
+        """Refuse in one line what cannot train on any of `nodes` (architecture, held-out images, a DP plan),
+        before any trains; returns each node's DP plan where `cfg` asks for DP."""
+
     def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
                 device: str) -> NodeTrainer:
-        """Check the options against every node before any trains, and build what the nodes share once."""
+        """Check the options against every node (`plans`) before any trains, and build what the nodes share
+        once."""
 
     def build(self, record: dict) -> nn.Module:
         """A freshly initialised generator (a Sampler and Invertible module) of the architecture `record`

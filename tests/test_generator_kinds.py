@@ -54,6 +54,9 @@ class ClassMeanKind:
     def titles(self, cfg):
         return {STANDARD: "class means", RELEASED: "class means (buffer: decoded)", CONTROL: "class means"}
 
+    def plans(self, cfg, manifest, nodes, seed):
+        return {}
+
     def trainer(self, cfg, manifest, nodes, seed, device):
         return ClassMeanTraining(manifest, Perceptual(cfg.lpips_net, cfg.lpips_weights), device)
 

@@ -210,7 +210,7 @@ def test_run_threads_reach_every_stage_are_recorded_and_rerun_nothing(cli, tmp_p
     monkeypatch.setattr(runner, "federate_run", federate_run)
     monkeypatch.setattr(runner, "report_run", report_run)
     monkeypatch.setattr(build, "headline_table", lambda cfg: None)
-    path, exp = recipe(tmp_path, RECIPE + "\n[train_gan]\nbuffer-size = 8\n"), tmp_path / "exp"  # GANs asked for
+    path, exp = recipe(tmp_path, RECIPE + "\n[train_gan]\nbuffer-size = 20\n"), tmp_path / "exp"  # GANs asked for
 
     first = cli.ok("run", path, "--exp", exp, "--threads", "1")
     assert "5 ran, 0 up to date" in first.output

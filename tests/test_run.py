@@ -359,3 +359,24 @@ federate.unlabeled-ratio = 1
     unnamed = tmp_path / "unnamed.toml"
     unnamed.write_text(recipe.read_text().replace('name = "ssl"', 'name = "lower"'))
     assert "needs a name of its own" in cli.user_error("run", unnamed, "--exp", tmp_path / "third")
+
+
+def test_what_a_sub_experiments_train_gan_would_refuse_is_refused_before_any_trains(cli, tmp_path):
+    """A DP plan no noise can meet, in the second variant: `fedcli run` says so in one line after partitioning,
+    before the first variant's GANs train (they would have run for nothing)."""
+    path = recipe(tmp_path, strategies=("feder",), extra="""
+[[sweep.variants]]
+name = "open"
+train_gan.alpha = 1.0
+
+[[sweep.variants]]
+name = "dp"
+train_gan.dp-epsilon = 0.01
+train_gan.pp-iterations = 0
+""")
+    exp = tmp_path / "exp"
+    line = cli.user_error("run", path, "--exp", exp, "--threads", "1")
+    assert line.startswith("error: variant=dp: train-gan would refuse this (nothing trained yet):"), line
+    assert "--dp-epsilon" in line
+    assert sorted(p.name for p in (exp / "runs").iterdir()) == ["variant=dp", "variant=open"]
+    assert all((p / "partition").is_dir() and not (p / "gan").exists() for p in (exp / "runs").iterdir())

@@ -88,13 +88,9 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
     device = device or resolve_device(cfg.device)
     if cfg.sample_only:
         return [resample(cfg, manifest, node, seed, device) for node in nodes]
-    kind = generator_kind(cfg.generator)
-    check_options(cfg, kind)
+    kind = check_settings(cfg, manifest, nodes)
     check_nodes_free(cfg, nodes, getattr(kind, "serial", False))
     kept = {node: summary for node in nodes if keep_finished and (summary := finished(cfg, node)) is not None}
-    for node in nodes:
-        check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
-    check_labelled(manifest, manifest.node_names if getattr(kind, "serial", False) else nodes)
     todo = [node for node in nodes if node not in kept]
     for node in kept:
         console.out.print(f"node {node}: kept, made by this same configuration before an interruption")
@@ -110,6 +106,27 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
     if hasattr(trainer, "finish"):
         trainer.finish()
     return summaries
+
+
+def check_settings(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> GeneratorKind:
+    """Refuse options the kind does not read, a buffer without room for every class and unlabelled nodes;
+    returns the kind."""
+    kind = generator_kind(cfg.generator)
+    check_options(cfg, kind)
+    for node in nodes:
+        check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
+    check_labelled(manifest, manifest.node_names if getattr(kind, "serial", False) else nodes)
+    return kind
+
+
+def preflight(cfg: GanConfig) -> None:
+    """What train-gan on this partitioned experiment would refuse before training, checked without training
+    (`fedcli run` checks every sub-experiment's before the first trains)."""
+    manifest = Manifest.load(cfg.exp)
+    nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
+    kind = check_settings(cfg, manifest, nodes)
+    kind.plans(cfg, manifest, manifest.node_names if getattr(kind, "serial", False) else nodes,
+               manifest["seed"] if cfg.seed is None else cfg.seed)
 
 
 def check_nodes_free(cfg: GanConfig, nodes: list[str], serial: bool = False) -> None:

@@ -51,16 +51,18 @@ class StyleGan2:
         return {STANDARD: "standard GAN (phase 1)", RELEASED: "privacy-preserving GAN (phase 2, buffer)",
                 CONTROL: "control (phase 2 at alpha 0)"}
 
-    def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
-                device: str) -> NodeTraining:
-        arch = architecture(cfg, manifest)
-        plans = {}
+    def plans(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int) -> dict:
+        architecture(cfg, manifest)
         for node in nodes:
             reference_holdout(manifest, node, cfg.reference, seed)
-            plans[node] = dp_plan(cfg, manifest, node)
+        return {node: dp_plan(cfg, manifest, node) for node in nodes}
+
+    def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
+                device: str) -> NodeTraining:
+        plans = self.plans(cfg, manifest, nodes, seed)
         perceptual = Perceptual(cfg.lpips_net, cfg.lpips_weights).to(device)
-        return NodeTraining(cfg, manifest, seed, device, arch, perceptual, fid.inception_space(cfg.fid_weights, device),
-                            plans)
+        return NodeTraining(cfg, manifest, seed, device, architecture(cfg, manifest), perceptual,
+                            fid.inception_space(cfg.fid_weights, device), plans)
 
     def build(self, record: dict) -> Generator:
         return Generator(Architecture(**record["architecture"]))

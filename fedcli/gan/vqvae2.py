@@ -146,15 +146,19 @@ class VqVae2Kind:
         return {RELEASED: "released buffer: prior samples", RECONSTRUCTIONS: "decoded codes of its real images"}
     serial = True
 
-    def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int, device: str,
-                local: Sequence[str] = (), transport: Transport | None = None) -> SerialTraining:
+    def plans(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int) -> dict:
         if cfg.node and cfg.engine == "inprocess":
             raise UserError(f"--node {cfg.node}: a vqvae2 generator trains serially across every node in turn "
                             "(Algorithm 1); drop --node")
-        plans = dp_plans(cfg, manifest, nodes) if cfg.private else None  # every process refuses before training
+        architecture(cfg, manifest)
+        return dp_plans(cfg, manifest, nodes) if cfg.private else {}
+
+    def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int, device: str,
+                local: Sequence[str] = (), transport: Transport | None = None) -> SerialTraining:
+        plans = self.plans(cfg, manifest, nodes, seed)  # every process refuses before training
         arch = architecture(cfg, manifest)
         return SerialTraining(cfg, manifest, list(nodes), seed, device, arch, prior_architecture(cfg, arch),
-                              list(local or nodes), transport or InProcessTransport(), plans)
+                              list(local or nodes), transport or InProcessTransport(), plans or None)
 
     def build(self, record: dict) -> VqGenerator:
         prior = record.get("prior_architecture")

@@ -50,6 +50,7 @@ class Runner:
         self.statuses: Counter[str] = Counter()  # ran, skipped, shared (in a dry run: would be)
         self.fingerprints: list[str] = []
         self.pending: set[str] = set()  # a dry run's units that would run, so their outputs cannot be read yet
+        self.partitioned: dict[Path, tuple[dict[str, Any], str, bool]] = {}  # folder -> Runner.partition's answer
 
     @property
     def report_config(self):
@@ -63,6 +64,8 @@ class Runner:
             if self.recipe.regime and not self.choose_regime():
                 return self.statuses
             points = self.recipe.points()
+            for point in points:  # an infeasible sub-experiment is refused before the first one trains
+                self.check_point(point)
             for point in points:
                 self.run_point(point)
             if not self.dry_run:
@@ -73,23 +76,52 @@ class Runner:
             self.unit(self.exp, "", "report", fp, "report", lambda: report_run(report), stale=remade)
         return self.statuses
 
-    def run_point(self, point: Point, folder: Path | None = None, regime: bool = False) -> bool:
-        """One sub-experiment's units (`regime`: a [regime] setting's: partition, train-gan and the generator audit
-        only). Returns whether the generator audit's output is there to read."""
-        folder = folder or (self.exp / "runs" / point.name if point.name else self.exp)
+    def point_folder(self, point: Point) -> Path:
+        return self.exp / "runs" / point.name if point.name else self.exp
+
+    def partition(self, point: Point, folder: Path) -> tuple[dict[str, Any], str, bool]:
+        """The sub-experiment's partition unit, run once: its configs, its fingerprint and whether its output is
+        there to read."""
+        if folder in self.partitioned:
+            return self.partitioned[folder]
         if not self.dry_run:
             folder.mkdir(parents=True, exist_ok=True)
             Ledger(folder).set_point([list(v) for v in point.values])
         cfgs = self.recipe.configs(point, folder)
-        part, gan, fed, audit = (cfgs[t] for t in ("partition", "train_gan", "federate", "audit"))
+        part = cfgs["partition"]
         p_fp = fingerprint("partition", plain(part), [])
-        self.unit(folder, point.name, "partition", p_fp, "partition",
-                  lambda: stage_run("fedcli.data.partition", part, reserved=REGISTRY.reserved_names()))
+        there = self.unit(folder, point.name, "partition", p_fp, "partition",
+                          lambda: stage_run("fedcli.data.partition", part, reserved=REGISTRY.reserved_names()))
+        self.partitioned[folder] = cfgs, p_fp, there
+        return cfgs, p_fp, there
+
+    def needs_generators(self, point: Point, strategies: tuple[str, ...], regime: bool) -> bool:
+        return regime or self.recipe.asks_for_generators(point) or any(REGISTRY[s].needs_buffers for s in strategies)
+
+    def check_point(self, point: Point) -> None:
+        """Partition the sub-experiment and refuse what its train-gan would refuse (a DP plan no noise can meet,
+        options its generator kind does not read, ...) without training."""
+        from fedcli.gan.stage import preflight
+
+        cfgs, p_fp, there = self.partition(point, self.point_folder(point))
+        if not there or not self.needs_generators(point, cfgs["federate"].strategy, False):
+            return
+        try:  # a dry run links no shared partition: read the one it would link
+            preflight(dataclasses.replace(cfgs["train_gan"], exp=self.owners[p_fp].parent))
+        except UserError as exc:
+            raise UserError(f"{point.name + ': ' if point.name else ''}train-gan would refuse this (nothing trained "
+                            f"yet): {exc}") from None
+
+    def run_point(self, point: Point, folder: Path | None = None, regime: bool = False) -> bool:
+        """One sub-experiment's units (`regime`: a [regime] setting's: partition, train-gan and the generator audit
+        only). Returns whether the generator audit's output is there to read."""
+        folder = folder or self.point_folder(point)
+        cfgs, p_fp, _ = self.partition(point, folder)
+        part, gan, fed, audit = (cfgs[t] for t in ("partition", "train_gan", "federate", "audit"))
         strategies = () if regime else fed.strategy
         if not self.dry_run:
             self.prune_point(folder, strategies, audit.shared and not regime)
-        generators = regime or self.recipe.asks_for_generators(point) or any(REGISTRY[s].needs_buffers
-                                                                             for s in strategies)
+        generators = self.needs_generators(point, strategies, regime)
         g_fp = fingerprint("train-gan", plain(gan, GAN_ENGINE_OPTIONS), [p_fp])
         if generators:
             self.unit(folder, point.name, "train-gan", g_fp, "gan",
