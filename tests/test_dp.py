@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -192,6 +193,20 @@ def test_a_generator_trained_without_dp_has_no_dp_record(tmp_path, cli):
     cli.ok("partition", "--nodes", "2", "--image-size", "16", "--exp", exp)
     cli.ok("train-gan", "--exp", exp, *TINY_GAN, "--node", "node0", "--fidelity-seeds", "0")
     assert "dp" not in json.loads((exp / "gan" / "node0" / "config.json").read_text())
+
+
+@pytest.mark.parametrize("epsilon", [0.001, 3.0])
+def test_solving_a_plan_prints_no_accountant_warning_of_its_trial_noises(epsilon):
+    """The search for sigma tries quiet noises whose best RDP order lies past the largest one; Opacus warns of
+    each, lines a user would see above the one-line refusal (or the answer) that they cannot act on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if epsilon < 1:
+            with pytest.raises(UserError, match="too small for 12 discriminator steps"):
+                private.plan(epsilon, None, 1.0, 8, 719, 12, "node0")
+        else:
+            plan = private.plan(epsilon, None, 1.0, 8, 719, 12, "node0")
+            assert plan.record()["epsilon"] <= epsilon
 
 
 @pytest.mark.parametrize("options,words", [

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -95,9 +96,11 @@ def solve_noise(epsilon: float, delta: float, sample_rate: float, steps: int, wh
     from opacus.accountants.utils import get_noise_multiplier
 
     try:
-        return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                          steps=steps, accountant="rdp", epsilon_tolerance=0.01 * epsilon,
-                                          alphas=ORDERS))
+        with warnings.catch_warnings():  # the search's quiet trial sigmas peak past any order; the plan's do not
+            warnings.filterwarnings("ignore", "Optimal order is the largest alpha", UserWarning)
+            return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                              steps=steps, accountant="rdp", epsilon_tolerance=0.01 * epsilon,
+                                              alphas=ORDERS))
     except ValueError as exc:  # Opacus: sigma would pass its ceiling
         raise UserError(f"--dp-epsilon {epsilon:g} is too small for {steps} {what} ({exc}); raise "
                         f"--dp-epsilon or lower {fewer}") from exc
