@@ -376,7 +376,7 @@ train_gan.pp-iterations = 0
 """)
     exp = tmp_path / "exp"
     line = cli.user_error("run", path, "--exp", exp, "--threads", "1")
-    assert line.startswith("error: variant=dp: train-gan would refuse this (nothing trained yet):"), line
+    assert line.startswith("error: variant=dp: train-gan would refuse this (checked before anything trains):"), line
     assert "--dp-epsilon" in line
     assert sorted(p.name for p in (exp / "runs").iterdir()) == ["variant=dp", "variant=open"]
     assert all((p / "partition").is_dir() and not (p / "gan").exists() for p in (exp / "runs").iterdir())

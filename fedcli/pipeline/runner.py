@@ -109,8 +109,8 @@ class Runner:
         try:  # a dry run links no shared partition: read the one it would link
             preflight(dataclasses.replace(cfgs["train_gan"], exp=self.owners[p_fp].parent))
         except UserError as exc:
-            raise UserError(f"{point.name + ': ' if point.name else ''}train-gan would refuse this (nothing trained "
-                            f"yet): {exc}") from None
+            raise UserError(f"{point.name + ': ' if point.name else ''}train-gan would refuse this (checked before "
+                            f"anything trains): {exc}") from None
 
     def run_point(self, point: Point, folder: Path | None = None, regime: bool = False) -> bool:
         """One sub-experiment's units (`regime`: a [regime] setting's: partition, train-gan and the generator audit
