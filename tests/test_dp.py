@@ -195,6 +195,15 @@ def test_a_generator_trained_without_dp_has_no_dp_record(tmp_path, cli):
     assert "dp" not in json.loads((exp / "gan" / "node0" / "config.json").read_text())
 
 
+def test_a_plan_without_opacus_installed_is_one_line_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "opacus" else real(name, *a))
+    with pytest.raises(UserError, match=r"pip install 'fedcli\[dp\]'"):
+        private.plan(3.0, None, 1.0, 8, 719, 12, "node0")
+
+
 @pytest.mark.parametrize("epsilon", [0.001, 3.0])
 def test_solving_a_plan_prints_no_accountant_warning_of_its_trial_noises(epsilon):
     """The search for sigma tries quiet noises whose best RDP order lies past the largest one; Opacus warns of

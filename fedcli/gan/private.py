@@ -21,6 +21,7 @@ is one training image.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import warnings
 from collections.abc import Sequence
@@ -72,10 +73,8 @@ def plan(epsilon: float, delta: float | None, max_grad_norm: float, batch: int, 
     """The noise multiplier that spends `epsilon` over `steps` DP-SGD steps (`what` they are, and the options
     that lower them, `fewer`, for a refusal) at sample rate batch / N, refusing a delta of 1 / N or more and an
     epsilon that only noise louder than the gradients could meet."""
-    try:
-        import opacus  # noqa: F401
-    except ImportError as exc:
-        raise UserError("--dp-epsilon needs Opacus, which is not installed: pip install 'fedcli[dp]'") from exc
+    if importlib.util.find_spec("opacus") is None:
+        raise UserError("--dp-epsilon needs Opacus, which is not installed: pip install 'fedcli[dp]'")
     delta = default_delta(images) if delta is None else delta
     if delta >= 1 / images:
         raise UserError(f"--dp-delta {delta:g} is at least 1 / N = 1 / {images} for node {node}: such a delta allows "

@@ -31,7 +31,7 @@ from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.local import LatentBatches
 from fedcli.fl.payloads import decode_features, decode_model, encode_features, encode_model
 from fedcli.fl.strategies.base import Declaration, Strategy
-from fedcli.fl.strategies.split_options import Cut, cut, node, server_node
+from fedcli.fl.strategies.split_options import Cut, cut, node as node_option, server_node
 from fedcli.models.cuts import cut_shape, split
 
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ ENCODE_BATCH = 256
 @dataclasses.dataclass(frozen=True)
 class ReplayEncoderOptions:
     cut: Cut = cut("stem")
-    encoder_node: str | None = node("The node that trains the classifier whose bottom becomes FedReplay's frozen, "
-                                    "shared encoder (default: the one with the most training images).")
+    encoder_node: str | None = node_option("The node that trains the classifier whose bottom becomes FedReplay's "
+                                           "frozen, shared encoder (default: the one with the most training images).")
     server_node: str | None = server_node()
 
 
