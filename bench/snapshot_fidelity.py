@@ -5,8 +5,8 @@ table, the same keyed streams and FID checks), run to its iteration cap; every c
 is sampled and scored as train-gan scores the standard generator's (gan/fidelity.py, the same
 classifier seeds, so the kept snapshot's number is train-gan's `ratio 1`). The FID trace is then read by
 the rule before issue 31 (the lowest single FID, patience counted from it) and by each rule of
-fedcli/gan/selection.py: training until a rule stops is the same for every rule, so each rule's kept
-snapshot is one of these. Prints per node the kept iteration and fidelity ratio of each rule and the
+fedcli/gan/selection.py, at the recipe's patience and (`RULE-to-cap`) with no early stop: training until a
+rule stops is the same for every rule, so each rule's kept snapshot is one of these. Prints per node the kept iteration and fidelity ratio of each rule and the
 best ratio in hindsight; `--json` writes them with the whole trace.
 
 Run after `fedcli partition --config RECIPE --exp EXP --seed S`:
@@ -106,6 +106,7 @@ def rule_outcomes(trace: list[tuple[int, float]], ratio: dict[int, float], patie
     """Per rule: the kept iteration, the iterations it trained, and the kept snapshot's fidelity ratio."""
     rules = {"lowest-single": lowest_single_fid(trace, patience, every)}
     rules |= {rule: by_rule(rule, trace, patience, every) for rule in SELECT_RULES}
+    rules |= {f"{rule}-to-cap": by_rule(rule, trace, math.inf, every) for rule in SELECT_RULES if rule != "last"}
     return {name: {"kept": kept, "trained": last, "ratio": ratio[kept]} for name, (kept, last) in rules.items()}
 
 
