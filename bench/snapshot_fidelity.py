@@ -6,8 +6,8 @@ is sampled and scored as train-gan scores the standard generator's (gan/fidelity
 classifier seeds, so the kept snapshot's number is train-gan's `ratio 1`). The FID trace is then read by
 the rule before issue 31 (the lowest single FID, patience counted from it) and by each rule of
 fedcli/gan/selection.py, at the recipe's patience and (`RULE-to-cap`) with no early stop: training until a
-rule stops is the same for every rule, so each rule's kept snapshot is one of these. Prints per node the kept iteration and fidelity ratio of each rule and the
-best ratio in hindsight; `--json` writes them with the whole trace.
+rule stops is the same for every rule, so each rule's kept snapshot is one of these. Prints per node the kept
+iteration and fidelity ratio of each rule and the best ratio in hindsight; `--json` writes them with the whole trace.
 
 Run after `fedcli partition --config RECIPE --exp EXP --seed S`:
     .venv/bin/python bench/snapshot_fidelity.py recipes/pneumonia.toml EXP --threads 1 --json out.jsonl
@@ -140,7 +140,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = Recipe.load(args.recipe).configs(Point("", ()), args.exp)["train_gan"]
     manifest = Manifest.load(args.exp)
-    seed = manifest["seed"] if cfg.seed is None else cfg.seed
+    seed = manifest.stage_seed(cfg.seed)
     for node in args.node or manifest.node_names:
         out = {"recipe": args.recipe.stem} | node_trace(cfg, manifest, node, seed)
         print(report(out) + f"  ({out['seconds']['total']:.0f} s)", flush=True)

@@ -150,7 +150,7 @@ def audit(cfg: AuditConfig) -> tuple[list[dict], dict[str, dict]]:
     """(each node's generator audit, each attacked strategy's attacks); --shared on an experiment where no node has
     a generator runs the attacks alone."""
     manifest = Manifest.load(cfg.exp)
-    nodes = audited_nodes(cfg, manifest)
+    nodes = manifest.chosen(cfg.node)
     summaries = []
     if not cfg.shared or any((gan_dir(cfg.exp, node) / "config.json").is_file() for node in nodes):
         with locked(cfg.exp, [audit_dir(cfg.exp, node) for node in nodes]):
@@ -164,18 +164,14 @@ def attack(cfg: AuditConfig) -> dict[str, dict]:
     manifest = Manifest.load(cfg.exp)
     with locked(cfg.exp, [attacks_dir(cfg.exp, strategy) for strategy in shared_strategies(cfg.exp)]):
         settings = InversionSettings(iterations=cfg.attack_iterations, restarts=cfg.attack_restarts)
-        seed = manifest["seed"] if cfg.seed is None else cfg.seed
-        return run_attacks(cfg.exp, manifest, audited_nodes(cfg, manifest), cfg.attack_images, settings, seed,
+        seed = manifest.stage_seed(cfg.seed)
+        return run_attacks(cfg.exp, manifest, manifest.chosen(cfg.node), cfg.attack_images, settings, seed,
                            Perceptual("alex", cfg.lpips_weights), cfg.overwrite)
-
-
-def audited_nodes(cfg: AuditConfig, manifest: Manifest) -> list[str]:
-    return [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
 
 
 def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[dict]:
     """`run`, with the nodes' folders locked."""
-    seed = manifest["seed"] if cfg.seed is None else cfg.seed
+    seed = manifest.stage_seed(cfg.seed)
     inputs = {node: check_inputs(cfg, manifest, node, seed) for node in nodes}
     for node in nodes:
         check_output_free(audit_dir(cfg.exp, node), cfg.overwrite)

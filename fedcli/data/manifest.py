@@ -132,6 +132,14 @@ class Manifest:
                 return node
         raise UserError(f"no node {name!r} in the partition; valid nodes: {', '.join(self.node_names)}")
 
+    def chosen(self, node: str | None) -> list[str]:
+        """The nodes a stage's `--node` names: that one (refused when unknown), or every node."""
+        return [self.node(node)["name"]] if node else self.node_names
+
+    def stage_seed(self, seed: int | None) -> int:
+        """A stage's seed: its `--seed`, or the partition's."""
+        return self["seed"] if seed is None else seed
+
     def train_count(self, node: str) -> int:
         """How many training images a node holds: its records' count, or the count a node manifest keeps of
         another node's (fedcli/data/node_manifest.py)."""

@@ -150,10 +150,6 @@ def check_outputs(cfg: FederateConfig, runs: list[tuple[str, int | None]], nodes
         check_output_free(out, cfg.overwrite)
 
 
-def run_seed(cfg: FederateConfig, manifest: Manifest) -> int:
-    return manifest["seed"] if cfg.seed is None else cfg.seed
-
-
 def strategy_config(cfg: FederateConfig, manifest: Manifest, name: str, fold: int | None,
                     buffer_info: dict[str, dict]) -> dict:
     """The resolved options of one run, as config.json records them: the shared ones and those the strategy
@@ -168,7 +164,7 @@ def strategy_config(cfg: FederateConfig, manifest: Manifest, name: str, fold: in
         first = buffer_info[manifest.node_names[0]]["size"] if buffer_info else 0
         options["buffer_size"] = cfg.buffer_size if cfg.buffer_size is not None else first
     shared = {k: v for k, v in without_strategy_options(cfg).items() if k not in ("strategy", "resume", "overwrite")}
-    return shared | options | {"strategy": name, "fold": fold, "seed": run_seed(cfg, manifest),
+    return shared | options | {"strategy": name, "fold": fold, "seed": manifest.stage_seed(cfg.seed),
                                "init_epochs": cfg.init_epochs_resolved, "inputs": inputs}
 
 

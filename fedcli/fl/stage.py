@@ -26,7 +26,7 @@ from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.node_data import NodeImages
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.runs import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
-    planned_runs, record_round, run_label, run_outputs, run_seed, strategy_config, write_output
+    planned_runs, record_round, run_label, run_outputs, strategy_config, write_output
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import BUFFER, federate_dir, gan_dir
 from fedcli.locking import locked
@@ -55,7 +55,8 @@ def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fol
             buffers: dict[str, TensorSource], buffer_info: dict[str, dict], images: NodeImages,
             after_round) -> StrategyRun:
     out = federate_dir(cfg.exp, name, fold)
-    fed = engine.build(cfg, manifest, run_seed(cfg, manifest), name=name, device=device, fold=fold, buffers=buffers, images=images)
+    fed = engine.build(cfg, manifest, manifest.stage_seed(cfg.seed), name=name, device=device, fold=fold,
+                       buffers=buffers, images=images)
     resolved = strategy_config(cfg, manifest, name, fold, buffer_info)
     strategy = REGISTRY.build(name, resolved)
     work = checkpoint_dir(out)

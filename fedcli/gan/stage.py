@@ -56,7 +56,7 @@ def run(cfg: GanConfig, keep_finished: bool = False) -> list[dict]:
         summaries = distributed.run(cfg, keep_finished)
     else:
         manifest = Manifest.load(cfg.exp)
-        nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
+        nodes = manifest.chosen(cfg.node)
         with locked(cfg.exp, [gan_dir(cfg.exp, node) for node in nodes]):
             summaries = run_nodes(cfg, manifest, nodes, keep_finished)
     warn_low_fidelity(summaries)
@@ -84,7 +84,7 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
               transport: Transport | None = None, device: str | None = None) -> list[dict]:
     """`run`, with the nodes' folders locked; a distributed rank (fedcli/gan/distributed.py) gives its node, its
     transport and its device."""
-    seed = manifest["seed"] if cfg.seed is None else cfg.seed
+    seed = manifest.stage_seed(cfg.seed)
     device = device or resolve_device(cfg.device)
     if cfg.sample_only:
         return [resample(cfg, manifest, node, seed, device) for node in nodes]
@@ -115,18 +115,22 @@ def check_settings(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> Gene
     check_options(cfg, kind)
     for node in nodes:
         check_buffer_size(cfg.buffer_size, node_classes(manifest, node), node)
-    check_labelled(manifest, manifest.node_names if getattr(kind, "serial", False) else nodes)
+    check_labelled(manifest, trained_nodes(kind, manifest, nodes))
     return kind
+
+
+def trained_nodes(kind: GeneratorKind, manifest: Manifest, nodes: list[str]) -> list[str]:
+    """The nodes whose images train the chosen ones' generators: a serial kind's chain runs over every node."""
+    return manifest.node_names if getattr(kind, "serial", False) else nodes
 
 
 def preflight(cfg: GanConfig) -> None:
     """What train-gan on this partitioned experiment would refuse before training, checked without training
     (`fedcli run` checks every sub-experiment's before the first trains)."""
     manifest = Manifest.load(cfg.exp)
-    nodes = [manifest.node(cfg.node)["name"]] if cfg.node else manifest.node_names
+    nodes = manifest.chosen(cfg.node)
     kind = check_settings(cfg, manifest, nodes)
-    kind.plans(cfg, manifest, manifest.node_names if getattr(kind, "serial", False) else nodes,
-               manifest["seed"] if cfg.seed is None else cfg.seed)
+    kind.plans(cfg, manifest, trained_nodes(kind, manifest, nodes), manifest.stage_seed(cfg.seed))
 
 
 def check_nodes_free(cfg: GanConfig, nodes: list[str], serial: bool = False) -> None:

@@ -137,6 +137,7 @@ class VqVae2Kind:
     options = frozenset({"iterations", "batch", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "vq_lr", "vq_beta",
                          "vq_decay", "vq_codebook", "vq_dim", "vq_channels", "prior_iterations", "prior_channels",
                          "prior_layers"})
+    serial = True
 
     def titles(self, cfg: GanConfig) -> dict[str, str]:
         if not cfg.prior_iterations:
@@ -144,7 +145,6 @@ class VqVae2Kind:
         if cfg.private:  # its codes are kept for the prior alone
             return {RELEASED: f"released buffer: DP prior samples, epsilon {cfg.dp_epsilon:g}"}
         return {RELEASED: "released buffer: prior samples", RECONSTRUCTIONS: "decoded codes of its real images"}
-    serial = True
 
     def plans(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int) -> dict:
         if cfg.node and cfg.engine == "inprocess":
@@ -158,7 +158,7 @@ class VqVae2Kind:
         plans = self.plans(cfg, manifest, nodes, seed)  # every process refuses before training
         arch = architecture(cfg, manifest)
         return SerialTraining(cfg, manifest, list(nodes), seed, device, arch, prior_architecture(cfg, arch),
-                              list(local or nodes), transport or InProcessTransport(), plans or None)
+                              list(local or nodes), transport or InProcessTransport(), plans)
 
     def build(self, record: dict) -> VqGenerator:
         prior = record.get("prior_architecture")
@@ -304,7 +304,7 @@ class SerialTraining:
     prior: PriorArchitecture | None
     local: list[str]
     transport: Transport
-    plans: dict[str, private.DpPlan] | None = None  # under --dp-epsilon: no replay, no codes travel
+    plans: dict[str, private.DpPlan] = dataclasses.field(default_factory=dict)  # DP: no replay, no codes travel
 
     def __post_init__(self) -> None:
         self.folder = inside(self.cfg.exp, "gan", SERIAL)

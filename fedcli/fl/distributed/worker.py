@@ -37,7 +37,7 @@ from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.node_data import NodeImages
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.runs import SHARED, StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
-    planned_runs, record_round, run_label, run_outputs, run_seed, strategy_config, write_output
+    planned_runs, record_round, run_label, run_outputs, strategy_config, write_output
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir, inside
 from fedcli.locking import locked
@@ -142,9 +142,9 @@ class Rank:
         cfg, node = self.cfg, self.node
         out = federate_dir(cfg.exp, name, fold)
         transport = TorchTransport(self.group, run_label(name, fold))
-        fed = engine.build(cfg, self.manifest, run_seed(cfg, self.manifest), name=name, device=self.device, fold=fold,
-                           buffers=self.buffers, images=self.images, transport=transport, local_nodes=[node],
-                           cross_eval=cfg.cross_eval)
+        fed = engine.build(cfg, self.manifest, self.manifest.stage_seed(cfg.seed), name=name, device=self.device,
+                           fold=fold, buffers=self.buffers, images=self.images, transport=transport,
+                           local_nodes=[node], cross_eval=cfg.cross_eval)
         resolved = strategy_config(cfg, self.manifest, name, fold, self.buffer_info)
         strategy = REGISTRY.build(name, resolved)
         work = checkpoint_dir(out)
