@@ -3,11 +3,14 @@
 Per node of a partitioned experiment: phase 1 exactly as train-gan trains it (the recipe's [train_gan]
 table, the same keyed streams and FID checks), run to its iteration cap; every checked snapshot's buffer
 is sampled and scored as train-gan scores the standard generator's (gan/fidelity.py, the same
-classifier seeds, so the kept snapshot's number is train-gan's `ratio 1`). The FID trace is then read by
-the rule before issue 31 (the lowest single FID, patience counted from it) and by each rule of
-fedcli/gan/selection.py, at the recipe's patience and (`RULE-to-cap`) with no early stop: training until a
-rule stops is the same for every rule, so each rule's kept snapshot is one of these. Prints per node the kept
-iteration and fidelity ratio of each rule and the best ratio in hindsight; `--json` writes them with the whole trace.
+classifier seeds, so the kept snapshot's number is train-gan's `ratio 1`), and read by `--select fidelity`'s
+judge (its classifier on the node's training images). The trace is then read by the rule before issue 31
+(the lowest single FID, patience counted from it) and by each rule of fedcli/gan/selection.py, at the
+recipe's patience and (`RULE-to-cap`) with no early stop: training until a rule stops is the same for every
+rule, so each rule's kept snapshot is one of these. Prints per node the kept iteration and fidelity ratio of
+each rule and the best ratio in hindsight; `--json` writes them with the whole trace. `--reuse` takes the
+ratios from an earlier `--json` file instead of scoring them again (phase 1 is retrained, and its FID trace
+must equal the saved one), for the judge's readings alone.
 
 Run after `fedcli partition --config RECIPE --exp EXP --seed S`:
     .venv/bin/python bench/snapshot_fidelity.py recipes/pneumonia.toml EXP --threads 1 --json out.jsonl
@@ -53,17 +56,19 @@ def lowest_single_fid(trace: list[tuple[int, float]], patience: int, every: int)
     return kept, trace[-1][0]
 
 
-def by_rule(rule: str, trace: list[tuple[int, float]], patience: int, every: int) -> tuple[int, int]:
+def by_rule(rule: str, trace: list[tuple[int, float]], patience: int, every: int,
+            readings: dict[int, float]) -> tuple[int, int]:
     selection = SnapshotSelection(rule, patience, every)
     for iteration, value in trace:
-        selection.check(iteration, value)
+        selection.check(iteration, value, readings[iteration])
         if selection.exhausted:
             return selection.kept_iteration, iteration
     return selection.kept_iteration, trace[-1][0]
 
 
-def node_trace(cfg, manifest: Manifest, node: str, seed: int) -> dict:
-    """Phase 1 to its cap with every check's EMA generator; each one's buffer fidelity."""
+def node_trace(cfg, manifest: Manifest, node: str, seed: int, saved: dict | None = None) -> dict:
+    """Phase 1 to its cap with every check's EMA generator; each one's buffer fidelity (from `saved`, an
+    earlier output for this node, when given) and selection reading."""
     started = time.perf_counter()
     arch = architecture(cfg, manifest)
     shared = StyleGan2().trainer(cfg, manifest, [node], seed, "cpu")
@@ -83,38 +88,58 @@ def node_trace(cfg, manifest: Manifest, node: str, seed: int) -> dict:
 
     standard_phase(trainer, log)
     trained = time.perf_counter() - started
-    classes = sorted({r["label"] for r in manifest.records(node, "train")})
-    buffers = {}
+    if saved is not None and [tuple(check) for check in saved["trace"]] != trace:
+        raise SystemExit(f"seed {seed} {node}: phase 1's FID trace differs from the saved one; score it anew")
+    generators = {}
     for iteration, state in snapshots.items():
-        generator = Generator(arch)
-        generator.load_state_dict(state)
-        buffers[str(iteration)] = TensorSource(*sample_buffer(generator, classes, cfg.buffer_size, seed, node, "cpu",
-                                                              cfg.truncation))
+        generators[iteration] = Generator(arch)
+        generators[iteration].load_state_dict(state)
+    judge = fidelity.selection_judge(cfg, manifest, node, seed, train, "cpu")
+    readings = {iteration: judge(generator) for iteration, generator in generators.items()}
+    if saved is None:
+        ratio, real_accuracy = scored(cfg, manifest, node, seed, train, generators)
+    else:
+        ratio, real_accuracy = {int(k): v for k, v in saved["ratio"].items()}, saved["real_accuracy"]
+    best = max(ratio, key=ratio.get)
+    return {"node": node, "seed": seed, "patience": full.patience, "every": full.fid_every, "trace": trace,
+            "ratio": ratio, "selection": readings, "real_accuracy": real_accuracy, "best": [best, ratio[best]],
+            "rules": rule_outcomes(trace, ratio, readings, full.patience, full.fid_every),
+            "seconds": {"phase1": round(trained, 1), "total": round(time.perf_counter() - started, 1)}}
+
+
+def scored(cfg, manifest: Manifest, node: str, seed: int, train: TensorSource,
+           generators: dict[int, Generator]) -> tuple[dict[int, float], float]:
+    """Each snapshot's fidelity ratio as train-gan scores a buffer, and the real classifiers' accuracy."""
+    classes = sorted({r["label"] for r in manifest.records(node, "train")})
+    buffers = {str(iteration): TensorSource(*sample_buffer(generator, classes, cfg.buffer_size, seed, node, "cpu",
+                                                           cfg.truncation))
+               for iteration, generator in generators.items()}
     test = NodeDataset(manifest, node, "test")
     scores = fidelity.score(buffers, train, TensorSource(test.images, test.labels),
                             fidelity.config_budget(cfg, manifest), in_channels=manifest["channels"],
                             num_classes=manifest.num_classes, seed=seed, node=node)
-    ratio = {int(k): v["ratio"] for k, v in scores.items()}
-    best = max(ratio, key=ratio.get)
-    return {"node": node, "seed": seed, "patience": full.patience, "every": full.fid_every, "trace": trace,
-            "ratio": ratio, "real_accuracy": scores[str(best)]["real_accuracy"], "best": [best, ratio[best]],
-            "rules": rule_outcomes(trace, ratio, full.patience, full.fid_every),
-            "seconds": {"phase1": round(trained, 1), "total": round(time.perf_counter() - started, 1)}}
+    return {int(k): v["ratio"] for k, v in scores.items()}, next(iter(scores.values()))["real_accuracy"]
 
 
-def rule_outcomes(trace: list[tuple[int, float]], ratio: dict[int, float], patience: int, every: int) -> dict:
-    """Per rule: the kept iteration, the iterations it trained, and the kept snapshot's fidelity ratio."""
-    rules = {"lowest-single": lowest_single_fid(trace, patience, every)}
-    rules |= {rule: by_rule(rule, trace, patience, every) for rule in SELECT_RULES}
-    rules |= {f"{rule}-to-cap": by_rule(rule, trace, math.inf, every) for rule in SELECT_RULES if rule != "last"}
-    return {name: {"kept": kept, "trained": last, "ratio": ratio[kept]} for name, (kept, last) in rules.items()}
+def rule_outcomes(trace: list[tuple[int, float]], ratio: dict[int, float], readings: dict[int, float] | None,
+                  patience: int, every: int) -> dict:
+    """Per rule: the kept iteration, the iterations it trained, and the kept snapshot's fidelity ratio (the
+    `fidelity` rule only where the trace has the judge's readings)."""
+    readings = readings or dict.fromkeys(ratio, math.nan)
+    rules = [rule for rule in SELECT_RULES if rule != "fidelity" or not math.isnan(next(iter(readings.values())))]
+    outcomes = {"lowest-single": lowest_single_fid(trace, patience, every)}
+    outcomes |= {rule: by_rule(rule, trace, patience, every, readings) for rule in rules}
+    outcomes |= {f"{rule}-to-cap": by_rule(rule, trace, math.inf, every, readings) for rule in rules if rule != "last"}
+    return {name: {"kept": kept, "trained": last, "ratio": ratio[kept]} for name, (kept, last) in outcomes.items()}
 
 
 def report(out: dict) -> str:
     rules = "  ".join(f"{name} {r['kept']}/{r['trained']} {r['ratio']:.3f}" for name, r in out["rules"].items())
-    trace = " ".join(f"{i}:{f:.0f}/{out['ratio'][i]:.2f}" for i, f in out["trace"])
+    readings = {int(k): v for k, v in out.get("selection", {}).items()}
+    trace = " ".join(f"{i}:{f:.0f}/{out['ratio'][i]:.2f}" + (f"/{readings[i]:.2f}" if readings else "")
+                     for i, f in out["trace"])
     return (f"{out['recipe']} seed {out['seed']} {out['node']}: {rules}  best {out['best'][0]} {out['best'][1]:.3f}"
-            f"\n  trace (iteration:FID/ratio) {trace}")
+            f"\n  trace (iteration:FID/ratio{'/reading' if readings else ''}) {trace}")
 
 
 def summarize(path: Path) -> None:
@@ -122,7 +147,8 @@ def summarize(path: Path) -> None:
     for line in path.read_text().splitlines():
         out = json.loads(line)
         out["ratio"] = {int(k): v for k, v in out["ratio"].items()}
-        out["rules"] = rule_outcomes(out["trace"], out["ratio"], out["patience"], out["every"])
+        readings = {int(k): v for k, v in out.get("selection", {}).items()} or None
+        out["rules"] = rule_outcomes(out["trace"], out["ratio"], readings, out["patience"], out["every"])
         print(report(out))
 
 
@@ -134,6 +160,7 @@ def main() -> None:
     parser.add_argument("--node", action="append", help="only these nodes (default: every node)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, help="append one line per node here")
+    parser.add_argument("--reuse", type=Path, help="an earlier --json file of this experiment: its ratios")
     args = parser.parse_args()
     if args.summarize:
         return summarize(args.summarize)
@@ -141,8 +168,11 @@ def main() -> None:
     cfg = Recipe.load(args.recipe).configs(Point("", ()), args.exp)["train_gan"]
     manifest = Manifest.load(args.exp)
     seed = manifest.stage_seed(cfg.seed)
+    saved = {}
+    if args.reuse:
+        saved = {(o["seed"], o["node"]): o for o in map(json.loads, args.reuse.read_text().splitlines())}
     for node in args.node or manifest.node_names:
-        out = {"recipe": args.recipe.stem} | node_trace(cfg, manifest, node, seed)
+        out = {"recipe": args.recipe.stem} | node_trace(cfg, manifest, node, seed, saved.get((seed, node)))
         print(report(out) + f"  ({out['seconds']['total']:.0f} s)", flush=True)
         if args.json:
             with args.json.open("a") as handle:

@@ -192,13 +192,16 @@ def train_gan(
                                   "options below are the stylegan2 kind's unless said otherwise."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     iterations: int = typer.Option(GanConfig.iterations, help="Phase 1 (standard GAN) iteration cap."),
-    patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when no FID check has come within the "
-                                 "noise of the lowest (--select stable) for this many iterations."),
+    patience: int = typer.Option(GanConfig.patience, help="Phase 1 stops when no check has come within the "
+                                 "noise of the lowest FID (--select stable), or matched the best reading (--select "
+                                 "fidelity), for this many iterations."),
     select: SelectRule = typer.Option(GanConfig.select, help="Phase 1's snapshot: stable (the latest whose FID is "
                                       "within the checks' own noise, the median change of log FID between checks, "
-                                      "of the lowest reading; --patience counts from it) or last (every "
-                                      "--iterations, the last snapshot: a fixed-iteration generator). Under "
-                                      "--dp-epsilon always last."),
+                                      "of the lowest reading; --patience counts from it), last (every "
+                                      "--iterations, the last snapshot: a fixed-iteration generator) or fidelity "
+                                      "(at each FID check the snapshot's buffer trains one --fidelity-* classifier, "
+                                      "scored on the node's training images; the highest is kept: costs a "
+                                      "classifier per check). Under --dp-epsilon always last."),
     pp_iterations: Optional[int] = typer.Option(None, help="Phase 2 (privacy loss) iteration cap \\[default: 100; 0 "
                                                 "under --dp-epsilon, which refuses any other].", show_default=False),
     fid_every: int = typer.Option(GanConfig.fid_every, help="Iterations between FID evaluations."),

@@ -275,7 +275,7 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 
 PrivacyLoss = Literal["all-pairs", "nearest"]
 PrivacyScale = Literal["absolute", "relative"]
-SelectRule = Literal["stable", "last"]  # phase 1's snapshot rule, fedcli/gan/selection.py
+SelectRule = Literal["stable", "last", "fidelity"]  # phase 1's snapshot rule, fedcli/gan/selection.py
 LpipsNet = Literal["vgg", "alex"]
 Device = Literal["auto", "cpu", "cuda"]
 Engine = Literal["inprocess", "distributed"]

@@ -22,11 +22,15 @@ EVERY = 25
 
 
 class ScriptedTrainer:
-    """What standard_phase drives, with each FID check read from a script; a snapshot is its iteration."""
+    """What standard_phase drives, with each FID check (and each `--select fidelity` reading) read from a script;
+    a snapshot is its iteration."""
 
-    def __init__(self, fids: list[float], every: int = EVERY, **settings):
+    def __init__(self, fids: list[float], every: int = EVERY, accuracies: list[float] = (), **settings):
         self.s = TrainSettings(iterations=every * len(fids), fid_every=every, **settings)
         self.fids, self.iteration = iter(fids), 0
+        readings = iter(accuracies)
+        self.judge = lambda generator: next(readings)
+        self.G_ema = None
 
     def step(self, alpha: float = 0.0) -> dict:
         self.iteration += 1
@@ -39,8 +43,8 @@ class ScriptedTrainer:
         return {"G_ema": {"iteration": torch.tensor(self.iteration)}}
 
 
-def phase1(fids: list[float], **settings):
-    result, state = standard_phase(ScriptedTrainer(fids, **settings), lambda row: None)
+def phase1(fids: list[float], log=lambda row: None, **settings):
+    result, state = standard_phase(ScriptedTrainer(fids, **settings), log)
     assert int(result.generator["iteration"]) == result.iteration  # the kept snapshot is the one returned
     return result
 
@@ -77,6 +81,29 @@ def test_select_last_trains_every_iteration_and_keeps_the_last_snapshot():
     result = phase1(NOISY[:9], patience=25, select="last")
     assert (result.iteration, result.iterations_run, result.stopped) == (225, 225, "cap")
     assert result.fid == NOISY[8] and result.selection["select"] == "last"
+
+
+# The chest X-ray node that every FID rule failed (pneumonia seed 1, node0, checks every 25 to 400): its FID
+# is lowest at iterations 50-75, whose buffers teach a classifier no better than chance (the readings here are
+# its buffers' fidelity ratios); its buffers at 300 and 325 teach the most.
+FOOLED_FID = [40, 33, 33, 41, 148, 271, 217, 175, 131, 186, 161, 127, 87, 86, 66, 52]
+ACCURACY = [0.30, 0.32, 0.50, 0.69, 0.84, 0.83, 0.78, 0.77, 0.84, 0.86, 0.82, 0.88, 0.88, 0.86, 0.81, 0.81]
+
+
+def test_select_fidelity_keeps_the_snapshot_whose_buffer_teaches_best_whatever_its_fid():
+    fooled = phase1(FOOLED_FID, patience=200)
+    assert (fooled.iteration, fooled.iterations_run) == (75, 275)  # where the FID rule was fooled
+    rows = []
+    result = phase1(FOOLED_FID, rows.append, patience=200, select="fidelity", accuracies=ACCURACY)
+    assert (result.iteration, result.iterations_run, result.stopped) == (325, 400, "cap")  # 0.88 twice: the later
+    assert result.fid == FOOLED_FID[12] and result.selection == {"select": "fidelity", "selection_accuracy": 0.88}
+    assert [row["selection_accuracy"] for row in rows if "fid" in row] == ACCURACY  # every check is read
+
+
+def test_select_fidelity_counts_patience_from_the_best_reading():
+    accuracies = [0.6, 0.8, 0.7, 0.75, 0.79, 0.95]
+    result = phase1([50.0] * 6, patience=3 * EVERY, select="fidelity", accuracies=accuracies)
+    assert (result.iteration, result.iterations_run, result.stopped) == (50, 125, "patience")
 
 
 def scores(synthetic: float, control: float, real: float = 0.8) -> tuple[dict, dict]:

@@ -158,3 +158,36 @@ def test_resolution_that_is_not_a_power_of_two(cli, tmp_path, gan_exp):
     shutil.rmtree(exp / "gan")
     assert "power of two" in cli.user_error("train-gan", "--exp", exp, *TINY)
     assert not (exp / "gan").exists()
+
+
+def test_select_fidelity_keeps_the_phase1_snapshot_whose_buffer_teaches_best(tmp_path):
+    """Each check's reading is logged; the kept snapshot is the (latest) best, and its reading is reproduced from
+    the saved phase-1 generator by the buffer train-gan would release from it; the reference GAN reads its own."""
+    from fedcli.data.dataset import NodeDataset
+    from fedcli.data.manifest import Manifest
+    from fedcli.data.tensor_source import TensorSource
+    from fedcli.gan.fidelity import selection_judge
+    from fedcli.gan.kinds import load_generator
+    from fedcli.config import GanConfig
+
+    exp = tmp_path / "exp"
+    cli = Cli()
+    cli.ok("partition", "--nodes", "2", "--image-size", "16", "--exp", exp)
+    cli.ok("train-gan", "--exp", exp, "--node", "node0", *TINY, "--fid-every", "3", "--select", "fidelity",
+           "--reference", "10")
+    folder = exp / "gan" / "node0"
+    config = json.loads((folder / "config.json").read_text())
+    metrics = pd.read_csv(folder / "metrics.csv")
+    checks = metrics[metrics["phase"].astype(str) == "1"].dropna(subset=["selection_accuracy"])
+    assert list(checks["iteration"]) == [3, 6, 9, 12]
+    best = checks["selection_accuracy"].max()
+    phase1 = config["phase1"]
+    assert phase1["select"] == "fidelity" and phase1["selection_accuracy"] == pytest.approx(best)
+    assert phase1["best_iteration"] == checks[checks["selection_accuracy"] == best]["iteration"].max()
+    reference = metrics[metrics["phase"].astype(str) == "reference"]["selection_accuracy"].dropna()
+    assert len(reference) == 4 and config["reference"]["selection_accuracy"] == pytest.approx(reference.max())
+    manifest = Manifest.load(exp)
+    data = NodeDataset(manifest, "node0", "train")
+    judge = selection_judge(GanConfig(exp, buffer_size=30, fidelity_epochs=1), manifest, "node0", config["seed"],
+                            TensorSource(data.images, data.labels), "cpu")
+    assert judge(load_generator(folder, "generator_phase1.safetensors", config)) == phase1["selection_accuracy"]

@@ -32,7 +32,9 @@ from fedcli.errors import UserError
 from fedcli.fl.evaluate import predict
 from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.local import Batches, LocalSettings, train_local
+from fedcli.generators import Sampler
 from fedcli.models.classifier import build_classifier
+from fedcli.replay.buffer import sample_buffer
 from fedcli.rng import stream_seed, torch_stream
 
 
@@ -114,6 +116,40 @@ def score(buffers: dict[str, TensorSource], train: TensorSource, test: TensorSou
                      "ratio": synthetic_accuracy / real_accuracy if real_accuracy > 0 else float("nan"),
                      "class_fidelity": float(np.mean(class_fidelity[name])), "steps": steps[name]}
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionJudge:
+    """`--select fidelity`'s reading of a phase-1 snapshot (gan/selection.py): the buffer train-gan would
+    release from it (the same draws) trains one classifier of the budget, which is then scored on the GAN's
+    own training images. The test images stay unread, so the ratio reported for the kept snapshot is not
+    chosen on them; the classifier has its own stream (`selection`), the same for every snapshot, so two
+    readings differ by their buffers only and the reported score's classifiers are not the ones selected
+    on. A generator that copies its training images reads high: `--select last` never reads them."""
+
+    train: TensorSource
+    classes: list[int]
+    size: int
+    truncation: float
+    budget: Budget
+    in_channels: int
+    num_classes: int
+    seed: int
+    node: str
+    device: str = "cpu"
+
+    def __call__(self, generator: Sampler) -> float:
+        buffer = TensorSource(*sample_buffer(generator, self.classes, self.size, self.seed, self.node, self.device,
+                                             self.truncation))
+        model, _ = train_classifier(buffer, self.budget, len(self.train), self.in_channels, self.num_classes,
+                                    (self.seed, self.node, "selection"), self.device)
+        return accuracy(model, self.train, self.device)
+
+
+def selection_judge(cfg, manifest, node: str, seed: int, train: TensorSource, device: str) -> SelectionJudge:
+    """A train-gan config's judge for a GAN trained on `train` (the node's images, or a side GAN's subset)."""
+    return SelectionJudge(train, sorted(set(train.labels.tolist())), cfg.buffer_size, cfg.truncation,
+                          config_budget(cfg, manifest), manifest["channels"], manifest.num_classes, seed, node, device)
 
 
 Z_95 = 1.959964

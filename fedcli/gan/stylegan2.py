@@ -119,12 +119,12 @@ def dp_plan(cfg: GanConfig, manifest: Manifest, node: str) -> private.DpPlan | N
 
 
 def side_trainer(main: GanTrainer, data: NodeDataset, index: list[int], seed: int, node: str,
-                 purpose: str) -> GanTrainer:
+                 purpose: str, judge: fidelity.SelectionJudge | None = None) -> GanTrainer:
     """A fresh GAN like `main` (architecture, settings, networks) on some of the node's images, from its own
     keyed initialisation and stream."""
     return GanTrainer(main.arch, main.s, to_float(data.images[index]), data.labels[index], main.perceptual,
                       main.features, torch_stream(seed, node, f"train-gan-{purpose}", device=main.device),
-                      init_seed=stream_seed(seed, node, f"gan-init-{purpose}"), device=main.device)
+                      init_seed=stream_seed(seed, node, f"gan-init-{purpose}"), device=main.device, judge=judge)
 
 
 def reference_holdout(manifest: Manifest, node: str, count: int, seed: int) -> list[int]:
@@ -162,14 +162,21 @@ class NodeTraining:
     inception: fid.FeatureSpace | None
     plans: dict[str, private.DpPlan | None]
 
+    def judge(self, node: str, train: TensorSource) -> fidelity.SelectionJudge | None:
+        """Under --select fidelity, the reading of a GAN trained on `train`."""
+        if self.cfg.select != "fidelity":
+            return None
+        return fidelity.selection_judge(self.cfg, self.manifest, node, self.seed, train, self.device)
+
     def train(self, node: str, data: NodeDataset) -> Trained:
         cfg, seed, device, dp = self.cfg, self.seed, self.device, self.plans[node]
-        features = self.inception or node_feature_space(cfg, self.manifest, node, seed,
-                                                        TensorSource(data.images, data.labels), device)
+        train = TensorSource(data.images, data.labels)
+        features = self.inception or node_feature_space(cfg, self.manifest, node, seed, train, device)
         trainer = GanTrainer(self.arch, settings(cfg, self.arch.resolution), to_float(data.images), data.labels,
                              self.perceptual, features, torch_stream(seed, node, "train-gan", device=device),
                              init_seed=stream_seed(seed, node, "gan-init"), device=device, dp=dp,
-                             noise=torch_stream(seed, node, "train-gan-dp-noise", device=device))
+                             noise=torch_stream(seed, node, "train-gan-dp-noise", device=device),
+                             judge=self.judge(node, train))
         rows: list[dict] = []
         tiny_index, tiny = tiny_node(data.labels, cfg.tiny_node, seed, node) if cfg.controls else [], None
         held_out = reference_holdout(self.manifest, node, cfg.reference, seed)
@@ -183,8 +190,9 @@ class NodeTraining:
                                 log)
             if cfg.reference:
                 kept = sorted(set(range(len(data))) - set(held_out))
-                reference, _ = standard_phase(side_trainer(trainer, data, kept, seed, node, "reference"), log,
-                                              "reference")
+                side = TensorSource(data.images[kept], data.labels[kept])
+                reference, _ = standard_phase(side_trainer(trainer, data, kept, seed, node, "reference",
+                                                           self.judge(node, side)), log, "reference")
         phase1, phase2, control, reseeded = phases
         if phase2.stopped == "fid-factor" and phase2.iteration == 0:
             console.warn(f"node {node}: the first phase-2 FID already exceeded {cfg.fid_factor} x the phase-1 FID, "
@@ -240,4 +248,6 @@ def metric_names(perceptual: Perceptual, features: fid.FeatureSpace) -> dict[str
 
 def metrics_frame(rows: list[dict], names: dict[str, str]) -> pd.DataFrame:
     columns = ["phase", "iteration", "loss_g", "loss_d", "r1", "ada_p", "rt", "l_pp", "lpips_mean", "fid"]
+    if any("selection_accuracy" in row for row in rows):
+        columns.append("selection_accuracy")
     return pd.DataFrame(rows).reindex(columns=columns).rename(columns=names)

@@ -2,7 +2,7 @@
 
 Phase 1 trains without L_PP; its snapshot rule (fedcli/gan/selection.py: by default the latest
 snapshot whose FID is within the checks' own noise of the lowest, stopping after `patience`
-iterations without one) keeps the "standard GAN". Phase 2 fine-tunes from that snapshot with L_G - alpha * L_PP and stops
+iterations without one; or the snapshot whose buffer teaches a classifier best) keeps the "standard GAN". Phase 2 fine-tunes from that snapshot with L_G - alpha * L_PP and stops
 when FID exceeds `fid_factor` times the kept phase-1 snapshot's FID (or at its iteration cap); its
 generator is the last snapshot whose FID was within the factor. The control generator is phase 2
 again at alpha = 0, as many iterations as the kept snapshot had.
@@ -65,11 +65,14 @@ class GanTrainer:
     def __init__(self, arch: Architecture, settings: TrainSettings, images: torch.Tensor, labels: torch.Tensor,
                  perceptual: Perceptual, features: fid.FeatureSpace, generator: torch.Generator,
                  init_seed: int, device: str = "cpu", dp: DpPlan | None = None,
-                 noise: torch.Generator | None = None):
+                 noise: torch.Generator | None = None, judge: Callable[[Generator], float] | None = None):
         """With `dp`, D trains by DP-SGD (gan/private.py) with its Gaussian noise drawn from `noise`, its
         minibatch-std group is one image (nothing mixes samples), ADA stays off (its p would follow D's
-        outputs on real images) and fake labels are uniform over the node's classes (not its histogram)."""
-        self.arch, self.s, self.device, self.rng, self.dp = arch, settings, device, generator, dp
+        outputs on real images) and fake labels are uniform over the node's classes (not its histogram).
+        `judge` reads a snapshot for `--select fidelity` (gan/fidelity.py SelectionJudge)."""
+        if settings.select == "fidelity" and judge is None:
+            raise ValueError("--select fidelity needs a judge")
+        self.arch, self.s, self.device, self.rng, self.dp, self.judge = arch, settings, device, generator, dp, judge
         self.reals = images.to(device)  # float [-1, 1]
         self.labels = labels.to(device)
         self.classes = torch.unique(self.labels)
@@ -347,7 +350,9 @@ def standard_phase(trainer: GanTrainer, log: Callable[[dict], None], name: str |
         row = {"phase": name, "iteration": i, **trainer.step(alpha=0.0)}
         if evaluated(i, s.iterations, s.fid_every):
             row["fid"] = trainer.fid()
-            if selection.check(i, row["fid"]):
+            if s.select == "fidelity":
+                row["selection_accuracy"] = trainer.judge(trainer.G_ema)
+            if selection.check(i, row["fid"], row.get("selection_accuracy", math.nan)):
                 kept_state = trainer.snapshot()
         log(row)
         if selection.exhausted:
