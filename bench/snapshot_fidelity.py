@@ -4,7 +4,7 @@ Per node of a partitioned experiment: phase 1 exactly as train-gan trains it (th
 table, the same keyed streams and FID checks), run to its iteration cap; every checked snapshot's buffer
 is sampled and scored as train-gan scores the standard generator's (gan/fidelity.py, the same
 classifier seeds, so the kept snapshot's number is train-gan's `ratio 1`), and read by `--select fidelity`'s
-judge (its classifier on the node's training images). The trace is then read by the rule before issue 31
+judge (its classifier on the node's training images, per class: `recalls`). The trace is then read by the rule before issue 31
 (the lowest single FID, patience counted from it) and by each rule of fedcli/gan/selection.py, at the
 recipe's patience and (`RULE-to-cap`) with no early stop: training until a rule stops is the same for every
 rule, so each rule's kept snapshot is one of these. Prints per node the kept iteration and fidelity ratio of
@@ -95,14 +95,15 @@ def node_trace(cfg, manifest: Manifest, node: str, seed: int, saved: dict | None
         generators[iteration] = Generator(arch)
         generators[iteration].load_state_dict(state)
     judge = fidelity.selection_judge(cfg, manifest, node, seed, train, "cpu")
-    readings = {iteration: judge(generator) for iteration, generator in generators.items()}
+    recalls = {iteration: judge.recalls(generator) for iteration, generator in generators.items()}
+    readings = {iteration: judge.reading(recall) for iteration, recall in recalls.items()}
     if saved is None:
         ratio, real_accuracy = scored(cfg, manifest, node, seed, train, generators)
     else:
         ratio, real_accuracy = {int(k): v for k, v in saved["ratio"].items()}, saved["real_accuracy"]
     best = max(ratio, key=ratio.get)
     return {"node": node, "seed": seed, "patience": full.patience, "every": full.fid_every, "trace": trace,
-            "ratio": ratio, "selection": readings, "real_accuracy": real_accuracy, "best": [best, ratio[best]],
+            "ratio": ratio, "selection": readings, "recalls": recalls, "real_accuracy": real_accuracy, "best": [best, ratio[best]],
             "rules": rule_outcomes(trace, ratio, readings, full.patience, full.fid_every),
             "seconds": {"phase1": round(trained, 1), "total": round(time.perf_counter() - started, 1)}}
 

@@ -161,3 +161,12 @@ def test_the_report_names_flagged_buffers_in_its_gan_table():
     built = study.gan_summary([experiment])
     assert list(built.frame["flags"]) == ["below chance 1/1", ""]
     assert "Flagged released buffers: a (below chance" in built.note
+
+
+def test_the_selection_reading_weights_classes_as_the_test_set_holds_them():
+    """A buffer classifier right on every normal X-ray and half of the pneumonia ones reads 0.75 for a balanced
+    test set, whatever the training images' mix (0.55 on 10% normal ones, 0.95 on 90%)."""
+    judge = fidelity.SelectionJudge(train=None, test_mix={0: 0.5, 1: 0.5}, classes=[0, 1], size=2, truncation=1.0,
+                                    budget=fidelity.Budget(), in_channels=1, num_classes=2, seed=0, node="node0")
+    assert judge.reading({0: 1.0, 1: 0.5}) == 0.75
+    assert judge.reading({0: 1.0}) == 0.5  # a test class the training images lack counts as missed

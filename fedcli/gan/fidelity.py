@@ -121,13 +121,17 @@ def score(buffers: dict[str, TensorSource], train: TensorSource, test: TensorSou
 @dataclasses.dataclass(frozen=True)
 class SelectionJudge:
     """`--select fidelity`'s reading of a phase-1 snapshot (gan/selection.py): the buffer train-gan would
-    release from it (the same draws) trains one classifier of the budget, which is then scored on the GAN's
-    own training images. The test images stay unread, so the ratio reported for the kept snapshot is not
-    chosen on them; the classifier has its own stream (`selection`), the same for every snapshot, so two
-    readings differ by their buffers only and the reported score's classifiers are not the ones selected
-    on. A generator that copies its training images reads high: `--select last` never reads them."""
+    release from it (the same draws) trains one classifier of the budget, whose accuracy on the GAN's own
+    training images is read per class and weighted by the node's test-set class mix (its labels, not its
+    images): an estimate of the synthetic accuracy the fidelity ratio reports, which the training images'
+    own mix would bias (partition balances test sets; a node's training images need not be). The test
+    images stay unread, so the ratio reported for the kept snapshot is not chosen on them; the classifier
+    has its own stream (`selection`), the same for every snapshot, so two readings differ by their buffers
+    only, and the reported score's classifiers are not the ones selected on. A generator that copies its
+    training images reads high: `--select last` never reads them."""
 
     train: TensorSource
+    test_mix: dict[int, float]  # class -> its share of the node's test images
     classes: list[int]
     size: int
     truncation: float
@@ -138,17 +142,28 @@ class SelectionJudge:
     node: str
     device: str = "cpu"
 
-    def __call__(self, generator: Sampler) -> float:
+    def recalls(self, generator: Sampler) -> dict[int, float]:
+        """Per class of the training images: the share the snapshot's buffer classifier gets right."""
         buffer = TensorSource(*sample_buffer(generator, self.classes, self.size, self.seed, self.node, self.device,
                                              self.truncation))
         model, _ = train_classifier(buffer, self.budget, len(self.train), self.in_channels, self.num_classes,
                                     (self.seed, self.node, "selection"), self.device)
-        return accuracy(model, self.train, self.device)
+        labels = self.train.labels.numpy()
+        right = predict(model, self.train.images, self.device).argmax(axis=1) == labels
+        return {int(c): float(right[labels == c].mean()) for c in np.unique(labels)}
+
+    def reading(self, recalls: dict[int, float]) -> float:
+        return sum(share * recalls.get(c, 0.0) for c, share in self.test_mix.items())
+
+    def __call__(self, generator: Sampler) -> float:
+        return self.reading(self.recalls(generator))
 
 
 def selection_judge(cfg, manifest, node: str, seed: int, train: TensorSource, device: str) -> SelectionJudge:
     """A train-gan config's judge for a GAN trained on `train` (the node's images, or a side GAN's subset)."""
-    return SelectionJudge(train, sorted(set(train.labels.tolist())), cfg.buffer_size, cfg.truncation,
+    test = [r["label"] for r in manifest.records(node, "test")]
+    mix = {c: test.count(c) / len(test) for c in sorted(set(test))}
+    return SelectionJudge(train, mix, sorted(set(train.labels.tolist())), cfg.buffer_size, cfg.truncation,
                           config_budget(cfg, manifest), manifest["channels"], manifest.num_classes, seed, node, device)
 
 
