@@ -1,4 +1,4 @@
-"""Which phase-1 snapshot to keep, and when phase 1 may stop, from its FID checks (`train-gan --select`).
+"""Which phase-1 snapshot to keep, and when phase 1 may stop, from its checks (`train-gan --select`).
 
 One FID check is one noisy reading of a generator that still moves. On real chest X-rays the node-CNN
 FID of 512 images jumped between 162 and 1109 from check to check, and between 21 and 229 on another
