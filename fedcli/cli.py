@@ -201,7 +201,7 @@ def train_gan(
                                       "--iterations, the last snapshot: a fixed-iteration generator) or fidelity "
                                       "(at each FID check the snapshot's buffer trains one --fidelity-* classifier, "
                                       "scored on the node's training images; the highest is kept: costs a "
-                                      "classifier per check). Under --dp-epsilon always last."),
+                                      "classifier per check). Under --dp-epsilon always last (fidelity refused)."),
     pp_iterations: Optional[int] = typer.Option(None, help="Phase 2 (privacy loss) iteration cap \\[default: 100; 0 "
                                                 "under --dp-epsilon, which refuses any other].", show_default=False),
     fid_every: int = typer.Option(GanConfig.fid_every, help="Iterations between FID evaluations."),

@@ -394,6 +394,9 @@ def check_private(cfg: GanConfig) -> None:
         if on:
             raise UserError(f"{flag} with --dp-epsilon: its GANs would train on real images outside the DP "
                             f"accounting; run {flag} without --dp-epsilon")
+    if cfg.select == "fidelity":
+        raise UserError("--select fidelity with --dp-epsilon: its readings score real images outside the DP "
+                        "accounting; drop --select (under DP the last snapshot is released)")
 
 
 def check_weights_file(cfg, *names: str) -> None:

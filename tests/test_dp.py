@@ -228,6 +228,7 @@ def test_solving_a_plan_prints_no_accountant_warning_of_its_trial_noises(epsilon
     (["--dp-epsilon", "0.001"], "too small for 12 discriminator steps"),
     (["--dp-epsilon", "3", "--pp-iterations", "50"], "--pp-iterations 50 with --dp-epsilon"),
     (["--dp-epsilon", "3", "--controls"], "--controls with --dp-epsilon"),
+    (["--dp-epsilon", "3", "--select", "fidelity"], "--select fidelity with --dp-epsilon"),
     (["--dp-delta", "1e-5"], "--dp-delta needs --dp-epsilon"),
 ])
 def test_bad_dp_options_are_one_clear_line_and_write_nothing(tmp_path, cli, options, words):
