@@ -3,14 +3,14 @@
 Per node of a partitioned experiment: phase 1 exactly as train-gan trains it (the recipe's [train_gan]
 table, the same keyed streams and FID checks), run to its iteration cap; every checked snapshot's buffer
 is sampled and scored as train-gan scores the standard generator's (gan/fidelity.py, the same
-classifier seeds, so the kept snapshot's number is train-gan's `ratio 1`), and read by `--select fidelity`'s
-judge (its classifier on the node's training images, per class: `recalls`). The trace is then read by the rule before issue 31
-(the lowest single FID, patience counted from it) and by each rule of fedcli/gan/selection.py, at the
-recipe's patience and (`RULE-to-cap`) with no early stop: training until a rule stops is the same for every
-rule, so each rule's kept snapshot is one of these. Prints per node the kept iteration and fidelity ratio of
-each rule and the best ratio in hindsight; `--json` writes them with the whole trace. `--reuse` takes the
-ratios from an earlier `--json` file instead of scoring them again (phase 1 is retrained, and its FID trace
-must equal the saved one), for the judge's readings alone.
+classifier seeds, so the kept snapshot's number is train-gan's `ratio 1`), and read by `--select
+fidelity`'s judge (its classifier on the node's training images, per class: `recalls`). The trace is then
+read by the rule before issue 31 (the lowest single FID, patience counted from it) and by each rule of
+fedcli/gan/selection.py, at the recipe's patience and (`RULE-to-cap`) with no early stop: training until a
+rule stops is the same for every rule, so each rule's kept snapshot is one of these. Prints per node the
+kept iteration and fidelity ratio of each rule and the best ratio in hindsight; `--json` writes them with the
+whole trace. `--reuse` takes the ratios from an earlier `--json` file instead of scoring them again (phase 1
+is retrained, and its FID trace must equal the saved one), for the judge's readings alone.
 
 Run after `fedcli partition --config RECIPE --exp EXP --seed S`:
     .venv/bin/python bench/snapshot_fidelity.py recipes/pneumonia.toml EXP --threads 1 --json out.jsonl
@@ -38,7 +38,6 @@ from fedcli.gan.selection import SELECT_RULES, SnapshotSelection
 from fedcli.gan.stylegan2 import StyleGan2, architecture, node_feature_space, settings
 from fedcli.gan.train import GanTrainer, standard_phase
 from fedcli.pipeline.recipe import Point, Recipe
-from fedcli.replay.buffer import sample_buffer
 from fedcli.rng import stream_seed, torch_stream
 
 
@@ -60,7 +59,7 @@ def by_rule(rule: str, trace: list[tuple[int, float]], patience: int, every: int
             readings: dict[int, float]) -> tuple[int, int]:
     selection = SnapshotSelection(rule, patience, every)
     for iteration, value in trace:
-        selection.check(iteration, value, readings[iteration])
+        selection.check(iteration, value, readings.get(iteration, math.nan))
         if selection.exhausted:
             return selection.kept_iteration, iteration
     return selection.kept_iteration, trace[-1][0]
@@ -90,44 +89,40 @@ def node_trace(cfg, manifest: Manifest, node: str, seed: int, saved: dict | None
     trained = time.perf_counter() - started
     if saved is not None and [tuple(check) for check in saved["trace"]] != trace:
         raise SystemExit(f"seed {seed} {node}: phase 1's FID trace differs from the saved one; score it anew")
-    generators = {}
-    for iteration, state in snapshots.items():
-        generators[iteration] = Generator(arch)
-        generators[iteration].load_state_dict(state)
     judge = fidelity.selection_judge(cfg, manifest, node, seed, train, "cpu")
-    recalls = {iteration: judge.recalls(generator) for iteration, generator in generators.items()}
+    buffers = {}
+    for iteration, state in snapshots.items():
+        generator = Generator(arch)
+        generator.load_state_dict(state)
+        buffers[iteration] = judge.buffer(generator)
+    recalls = {iteration: judge.recalls(buffer) for iteration, buffer in buffers.items()}
     readings = {iteration: judge.reading(recall) for iteration, recall in recalls.items()}
     if saved is None:
-        ratio, real_accuracy = scored(cfg, manifest, node, seed, train, generators)
+        ratio, real_accuracy = scored(cfg, manifest, node, seed, train, buffers)
     else:
         ratio, real_accuracy = {int(k): v for k, v in saved["ratio"].items()}, saved["real_accuracy"]
     best = max(ratio, key=ratio.get)
     return {"node": node, "seed": seed, "patience": full.patience, "every": full.fid_every, "trace": trace,
-            "ratio": ratio, "selection": readings, "recalls": recalls, "real_accuracy": real_accuracy, "best": [best, ratio[best]],
-            "rules": rule_outcomes(trace, ratio, readings, full.patience, full.fid_every),
+            "ratio": ratio, "selection": readings, "recalls": recalls, "real_accuracy": real_accuracy,
+            "best": [best, ratio[best]], "rules": rule_outcomes(trace, ratio, readings, full.patience, full.fid_every),
             "seconds": {"phase1": round(trained, 1), "total": round(time.perf_counter() - started, 1)}}
 
 
 def scored(cfg, manifest: Manifest, node: str, seed: int, train: TensorSource,
-           generators: dict[int, Generator]) -> tuple[dict[int, float], float]:
+           buffers: dict[int, TensorSource]) -> tuple[dict[int, float], float]:
     """Each snapshot's fidelity ratio as train-gan scores a buffer, and the real classifiers' accuracy."""
-    classes = sorted({r["label"] for r in manifest.records(node, "train")})
-    buffers = {str(iteration): TensorSource(*sample_buffer(generator, classes, cfg.buffer_size, seed, node, "cpu",
-                                                           cfg.truncation))
-               for iteration, generator in generators.items()}
     test = NodeDataset(manifest, node, "test")
-    scores = fidelity.score(buffers, train, TensorSource(test.images, test.labels),
+    scores = fidelity.score({str(k): v for k, v in buffers.items()}, train, TensorSource(test.images, test.labels),
                             fidelity.config_budget(cfg, manifest), in_channels=manifest["channels"],
                             num_classes=manifest.num_classes, seed=seed, node=node)
     return {int(k): v["ratio"] for k, v in scores.items()}, next(iter(scores.values()))["real_accuracy"]
 
 
-def rule_outcomes(trace: list[tuple[int, float]], ratio: dict[int, float], readings: dict[int, float] | None,
+def rule_outcomes(trace: list[tuple[int, float]], ratio: dict[int, float], readings: dict[int, float],
                   patience: int, every: int) -> dict:
     """Per rule: the kept iteration, the iterations it trained, and the kept snapshot's fidelity ratio (the
     `fidelity` rule only where the trace has the judge's readings)."""
-    readings = readings or dict.fromkeys(ratio, math.nan)
-    rules = [rule for rule in SELECT_RULES if rule != "fidelity" or not math.isnan(next(iter(readings.values())))]
+    rules = [rule for rule in SELECT_RULES if rule != "fidelity" or readings]
     outcomes = {"lowest-single": lowest_single_fid(trace, patience, every)}
     outcomes |= {rule: by_rule(rule, trace, patience, every, readings) for rule in rules}
     outcomes |= {f"{rule}-to-cap": by_rule(rule, trace, math.inf, every, readings) for rule in rules if rule != "last"}
@@ -148,7 +143,7 @@ def summarize(path: Path) -> None:
     for line in path.read_text().splitlines():
         out = json.loads(line)
         out["ratio"] = {int(k): v for k, v in out["ratio"].items()}
-        readings = {int(k): v for k, v in out.get("selection", {}).items()} or None
+        readings = {int(k): v for k, v in out.get("selection", {}).items()}
         out["rules"] = rule_outcomes(out["trace"], out["ratio"], readings, out["patience"], out["every"])
         print(report(out))
 

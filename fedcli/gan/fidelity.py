@@ -142,10 +142,13 @@ class SelectionJudge:
     node: str
     device: str = "cpu"
 
-    def recalls(self, generator: Sampler) -> dict[int, float]:
-        """Per class of the training images: the share the snapshot's buffer classifier gets right."""
-        buffer = TensorSource(*sample_buffer(generator, self.classes, self.size, self.seed, self.node, self.device,
-                                             self.truncation))
+    def buffer(self, generator: Sampler) -> TensorSource:
+        """The buffer train-gan would release from `generator`."""
+        return TensorSource(*sample_buffer(generator, self.classes, self.size, self.seed, self.node, self.device,
+                                           self.truncation))
+
+    def recalls(self, buffer: TensorSource) -> dict[int, float]:
+        """Per class of the training images: the share a classifier trained on `buffer` gets right."""
         model, _ = train_classifier(buffer, self.budget, len(self.train), self.in_channels, self.num_classes,
                                     (self.seed, self.node, "selection"), self.device)
         labels = self.train.labels.numpy()
@@ -156,7 +159,7 @@ class SelectionJudge:
         return sum(share * recalls.get(c, 0.0) for c, share in self.test_mix.items())
 
     def __call__(self, generator: Sampler) -> float:
-        return self.reading(self.recalls(generator))
+        return self.reading(self.recalls(self.buffer(generator)))
 
 
 def selection_judge(cfg, manifest, node: str, seed: int, train: TensorSource, device: str) -> SelectionJudge:
