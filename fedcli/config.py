@@ -390,13 +390,13 @@ def check_private(cfg: GanConfig) -> None:
         raise UserError(f"--pp-iterations {cfg.pp_iterations} with --dp-epsilon: phase 2's privacy loss reads real "
                         "images in the generator's gradient, outside the DP accounting; drop --pp-iterations "
                         "(0 under DP)")
-    for flag, on in (("--controls", cfg.controls), ("--reference", cfg.reference)):
+    for flag, on, reads, remedy in (
+            ("--controls", cfg.controls, "its GANs would train on", "run --controls without --dp-epsilon"),
+            ("--reference", cfg.reference, "its GANs would train on", "run --reference without --dp-epsilon"),
+            ("--select fidelity", cfg.select == "fidelity", "its readings score",
+             "drop --select (under DP the last snapshot is released)")):
         if on:
-            raise UserError(f"{flag} with --dp-epsilon: its GANs would train on real images outside the DP "
-                            f"accounting; run {flag} without --dp-epsilon")
-    if cfg.select == "fidelity":
-        raise UserError("--select fidelity with --dp-epsilon: its readings score real images outside the DP "
-                        "accounting; drop --select (under DP the last snapshot is released)")
+            raise UserError(f"{flag} with --dp-epsilon: {reads} real images outside the DP accounting; {remedy}")
 
 
 def check_weights_file(cfg, *names: str) -> None:

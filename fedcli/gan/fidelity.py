@@ -56,9 +56,13 @@ def config_budget(cfg, manifest) -> Budget:
                   seeds=cfg.fidelity_seeds, augment=tuple(manifest.data.get("augment", ())))
 
 
+def correct(model: torch.nn.Module, source: TensorSource, device: str) -> np.ndarray:
+    """Per image of `source`: whether the model's most probable class is its label."""
+    return predict(model, source.images, device).argmax(axis=1) == source.labels.numpy()
+
+
 def accuracy(model: torch.nn.Module, source: TensorSource, device: str) -> float:
-    probs = predict(model, source.images, device)
-    return float((probs.argmax(axis=1) == source.labels.numpy()).mean())
+    return float(correct(model, source, device).mean())
 
 
 def image_keys(images: torch.Tensor) -> list[bytes]:
@@ -152,7 +156,7 @@ class SelectionJudge:
         model, _ = train_classifier(buffer, self.budget, len(self.train), self.in_channels, self.num_classes,
                                     (self.seed, self.node, "selection"), self.device)
         labels = self.train.labels.numpy()
-        right = predict(model, self.train.images, self.device).argmax(axis=1) == labels
+        right = correct(model, self.train, self.device)
         return {int(c): float(right[labels == c].mean()) for c in np.unique(labels)}
 
     def reading(self, recalls: dict[int, float]) -> float:

@@ -5,8 +5,8 @@ snapshot whose FID is within the checks' own noise of the lowest, stopping after
 iterations without one; or the snapshot whose buffer teaches a classifier best) keeps the "standard
 GAN". Phase 2 fine-tunes from that snapshot with L_G - alpha * L_PP and stops when FID exceeds
 `fid_factor` times the kept phase-1 snapshot's FID (or at its iteration cap); its generator is the last
-snapshot whose FID was within the factor. The control generator is phase 2
-again at alpha = 0, as many iterations as the kept snapshot had.
+snapshot whose FID was within the factor. The control generator is phase 2 again at alpha = 0, as many
+iterations as the kept snapshot had.
 Every random draw comes from the trainer's generator, keyed by (seed, node) by the caller.
 
 After StyleGAN2-ADA: lazy R1, an EMA generator whose half-life ramps up with the images seen,
