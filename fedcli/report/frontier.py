@@ -12,10 +12,11 @@ from pathlib import Path
 import pandas as pd
 
 from fedcli.plotting import pyplot
-from fedcli.report.collect import Stat, SubExperiment, load_json
+from fedcli.report.collect import SEED_KEY, Stat, SubExperiment, load_json
 from fedcli.report.figures import save
-from fedcli.report.study import Built, Missing, ReportTable, nodes_of, performance_cells
+from fedcli.report.study import Built, Missing, ReportTable, interval, nodes_of, performance_cells
 
+CHANCE = 0.5  # membership AUROC of an attack that learns nothing
 TITLE = "Privacy against utility: what each method's shared data reveals, and what it buys"
 
 
@@ -42,7 +43,28 @@ def generator_setting(sub: SubExperiment) -> tuple[str, str, float, str] | None:
     return f"{prefix}FedER {loss}", f"{prefix}FedER alpha {alpha:g} ({loss})", float(alpha), f"alpha {alpha:g}"
 
 
+def regime_controls(subs: list[SubExperiment]) -> dict[tuple, float]:
+    """The alpha-0 control's membership AUROC per (seed, node), where every audit of that seed and node that
+    projected one agrees on it (the regime's unprotected generator, which a DP generator, its own control,
+    is then compared with)."""
+    found: dict[tuple, set[float]] = defaultdict(set)
+    for sub in subs:
+        for a in sub.audits:
+            if "dp" not in a and "control" in a["generators"]:
+                found[(sub.point.get(SEED_KEY), a["node"])].add(a["generators"]["control"]["mia"]["auroc"])
+    return {key: values.pop() for key, values in found.items() if len(values) == 1}
+
+
+def below_control(reps: list[SubExperiment], controls: dict[tuple, float]) -> str:
+    """Released minus control membership AUROC, paired by seed and node, with its 95% t-interval; '-' for a
+    VQ-VAE-2, whose attack (the nearest buffer image) is not the control's (latent projection)."""
+    differences = [a["generators"]["privacy"]["mia"]["auroc"] - controls[key] for s in reps for a in s.audits
+                   if a.get("attack") == "latent projection" and (key := (s.point.get(SEED_KEY), a["node"])) in controls]
+    return interval(differences)
+
+
 def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
+    controls = regime_controls(subs)
     groups: dict[str, list[SubExperiment]] = defaultdict(list)
     for sub in subs:
         if sub.audits and (setting := generator_setting(sub)) is not None:
@@ -54,6 +76,7 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
         # a DP generator is its own control (no phase 2); a VQ-VAE-2 has none
         controlled = not any("dp" in a or "control" not in a["generators"] for a in audits)
         effects = [a["privacy_effect"]["verdict"] for a in audits if "privacy_effect" in a]
+        leaking = [a["generators"]["privacy"]["mia"]["auroc_ci_low"] > CHANCE for a in audits]
         rows[label] = {
             "membership AUROC": Stat.of([a["generators"]["privacy"]["mia"]["auroc"] for a in audits]),
             "calibrated AUROC": Stat.of([a["generators"]["privacy"]["mia_calibrated"]["auroc"] for a in audits
@@ -64,6 +87,8 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
             "paired effect": Stat.of([a["privacy_effect"]["median_ratio"] for a in audits if "privacy_effect" in a])
             if controlled else "-",
             "effect significant": f"{effects.count('significant')}/{len(effects)}" if controlled else "-",
+            "minus control, paired [95%]": below_control(reps, controls),
+            "still leaking": f"{sum(leaking)}/{len(leaking)}",
             "members rebuilt": Stat.of([a["generators"]["privacy"]["reconstruction_share"]["members"] for a in audits]),
             "buffer closest records: members": Stat.of([a["buffer"]["dcr_share"] for a in audits]),
             "reconstructed by attack": "-", "by chance (decoys)": "-", "attack PSNR (dB)": "-",
@@ -85,7 +110,7 @@ def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
         label = f"{strategy}: {attack}" + (f" (batch {batch})" if attack in ("gradient", "round update") else "")
         rows[label] = {"membership AUROC": "-", "calibrated AUROC": "-", "buffer membership AUROC": "-",
                        "control AUROC": "-", "paired effect": "-",
-                       "effect significant": "-",
+                       "effect significant": "-", "minus control, paired [95%]": "-", "still leaking": "-",
                        "members rebuilt": "-", "buffer closest records: members": "-",
                        "reconstructed by attack": Stat.of([r["reconstructed"]["ssim"]["share"] for r in found]),
                        "by chance (decoys)": Stat.of([r["chance"]["ssim"]["share"] for r in found if "chance" in r]),
@@ -108,7 +133,10 @@ def frontier_table(subs: list[SubExperiment], metric: str) -> Built:
                        "to its nearest buffer image), the same nearest-buffer-image attack on every method's buffer "
                        "(buffer membership), and on its alpha-0 control (0.5 = no leak), the paired effect (median "
                        "per-member ratio of the released generator's projection distance to the control's, > 1 = "
-                       "pushed away) and on how many nodes it is significant (and above the non-members'). "
+                       "pushed away) and on how many nodes it is significant (and above the non-members'); the "
+                       "released minus the control's membership AUROC, paired by seed and node (a DP generator "
+                       "against the alpha-0 control of its seed and node), with the 95% t-interval over the pairs; "
+                       "on how many nodes the released membership AUROC's 95% lower bound is still above 0.5. "
                        "Reconstruction: members rebuilt by projection closer than their nearest other real image; "
                        "the buffer's closest records that are members (0.5 = chance); for shared latents, activations "
                        "and gradients, the white-box attack's images closer (SSIM) to their own original than to any "
