@@ -76,7 +76,9 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
         # a DP generator is its own control (no phase 2); a VQ-VAE-2 has none
         controlled = not any("dp" in a or "control" not in a["generators"] for a in audits)
         effects = [a["privacy_effect"]["verdict"] for a in audits if "privacy_effect" in a]
-        leaking = [a["generators"]["privacy"]["mia"]["auroc_ci_low"] > CHANCE for a in audits]
+        # summaries from before the interval lack it
+        bounds = [a["generators"]["privacy"]["mia"].get("auroc_ci_low") for a in audits]
+        leaking = [low > CHANCE for low in bounds if low is not None]
         rows[label] = {
             "membership AUROC": Stat.of([a["generators"]["privacy"]["mia"]["auroc"] for a in audits]),
             "calibrated AUROC": Stat.of([a["generators"]["privacy"]["mia_calibrated"]["auroc"] for a in audits
@@ -88,7 +90,7 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
             if controlled else "-",
             "effect significant": f"{effects.count('significant')}/{len(effects)}" if controlled else "-",
             "minus control, paired [95%]": below_control(reps, controls),
-            "still leaking": f"{sum(leaking)}/{len(leaking)}",
+            "still leaking": f"{sum(leaking)}/{len(leaking)}" if leaking else "-",
             "members rebuilt": Stat.of([a["generators"]["privacy"]["reconstruction_share"]["members"] for a in audits]),
             "buffer closest records: members": Stat.of([a["buffer"]["dcr_share"] for a in audits]),
             "reconstructed by attack": "-", "by chance (decoys)": "-", "attack PSNR (dB)": "-",
