@@ -59,7 +59,8 @@ def below_control(reps: list[SubExperiment], controls: dict[tuple, float]) -> st
     """Released minus control membership AUROC, paired by seed and node, with its 95% t-interval; '-' for a
     VQ-VAE-2, whose attack (the nearest buffer image) is not the control's (latent projection)."""
     differences = [a["generators"]["privacy"]["mia"]["auroc"] - controls[key] for s in reps for a in s.audits
-                   if a.get("attack") == "latent projection" and (key := (s.point.get(SEED_KEY), a["node"])) in controls]
+                   if a.get("attack") == "latent projection"
+                   and (key := (s.point.get(SEED_KEY), a["node"])) in controls]
     return interval(differences)
 
 
