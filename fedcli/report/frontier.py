@@ -43,24 +43,37 @@ def generator_setting(sub: SubExperiment) -> tuple[str, str, float, str] | None:
     return f"{prefix}FedER {loss}", f"{prefix}FedER alpha {alpha:g} ({loss})", float(alpha), f"alpha {alpha:g}"
 
 
+def own_control(audit: dict) -> float | None:
+    """The membership AUROC of the audit's own alpha-0 control; None for a DP generator (its own control, no
+    phase 2) and a VQ-VAE-2 (none)."""
+    if "dp" in audit or "control" not in audit["generators"]:
+        return None
+    return audit["generators"]["control"]["mia"]["auroc"]
+
+
 def regime_controls(subs: list[SubExperiment]) -> dict[tuple, float]:
     """The alpha-0 control's membership AUROC per (seed, node), where every audit of that seed and node that
-    projected one agrees on it (the regime's unprotected generator, which a DP generator, its own control,
-    is then compared with)."""
+    projected one agrees on it: the regime's unprotected generator, which a DP generator is compared with."""
     found: dict[tuple, set[float]] = defaultdict(set)
     for sub in subs:
         for a in sub.audits:
-            if "dp" not in a and "control" in a["generators"]:
-                found[(sub.point.get(SEED_KEY), a["node"])].add(a["generators"]["control"]["mia"]["auroc"])
+            if (control := own_control(a)) is not None:
+                found[(sub.point.get(SEED_KEY), a["node"])].add(control)
     return {key: values.pop() for key, values in found.items() if len(values) == 1}
 
 
 def below_control(reps: list[SubExperiment], controls: dict[tuple, float]) -> str:
-    """Released minus control membership AUROC, paired by seed and node, with its 95% t-interval; '-' for a
-    VQ-VAE-2, whose attack (the nearest buffer image) is not the control's (latent projection)."""
-    differences = [a["generators"]["privacy"]["mia"]["auroc"] - controls[key] for s in reps for a in s.audits
-                   if a.get("attack") == "latent projection"
-                   and (key := (s.point.get(SEED_KEY), a["node"])) in controls]
+    """Released minus control membership AUROC, paired by seed and node (an audit's own control, else the
+    regime's), with its 95% t-interval; '-' for a VQ-VAE-2, whose attack (the nearest buffer image) is not the
+    control's (latent projection)."""
+    differences = []
+    for s in reps:
+        for a in s.audits:
+            control = own_control(a)
+            if control is None:
+                control = controls.get((s.point.get(SEED_KEY), a["node"]))
+            if a.get("attack") == "latent projection" and control is not None:
+                differences.append(a["generators"]["privacy"]["mia"]["auroc"] - control)
     return interval(differences)
 
 
@@ -74,8 +87,7 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
     rows = {}
     for label, reps in groups.items():
         audits = [a for s in reps for a in s.audits]
-        # a DP generator is its own control (no phase 2); a VQ-VAE-2 has none
-        controlled = not any("dp" in a or "control" not in a["generators"] for a in audits)
+        controlled = all(own_control(a) is not None for a in audits)
         effects = [a["privacy_effect"]["verdict"] for a in audits if "privacy_effect" in a]
         # summaries from before the interval lack it
         bounds = [a["generators"]["privacy"]["mia"].get("auroc_ci_low") for a in audits]
