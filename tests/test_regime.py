@@ -88,35 +88,53 @@ def test_a_setting_both_in_the_regime_and_swept_is_one_line(cli, tmp_path):
                                                                                   tmp_path / "exp", "--dry-run")
 
 
-def test_the_frontier_pairs_each_release_with_the_regimes_control_of_its_seed_and_node():
-    """FedER rows against their own alpha-0 control, a DP row (its own control in its audit) against the regime's
-    control of the same seed and node, a VQ-VAE-2 row (another attack) against none."""
+CONTROLS = {(0, "node0"): 0.70, (0, "node1"): 0.66, (1, "node0"): 0.74, (1, "node1"): 0.68}
+
+
+def frontier_sub(seed: int, released: dict, dp: bool = False, kind: str = "stylegan2", **config):
+    """A sub-experiment as the frontier reads it: each node's audit (released and control membership) and GAN config."""
     from pathlib import Path
 
     from fedcli.report.collect import SubExperiment
+
+    def mia(auroc: float) -> dict:
+        return {"mia": {"auroc": auroc, "auroc_ci_low": auroc - 0.12}, "reconstruction_share": {"members": 1.0}}
+    audits = [{"node": node, "attack": "latent projection" if kind == "stylegan2" else "nearest buffer image",
+               "buffer": {"dcr_share": 0.5},
+               "generators": {"privacy": mia(auroc), "control": mia(auroc if dp else CONTROLS[(seed, node)])},
+               **({"dp": {}} if dp else {})} for node, auroc in released.items()]
+    gans = [{"node": node, "config": {"generator": kind, **config}} for node in released]
+    return SubExperiment(Path(f"seed={seed}"), {"partition.seed": seed}, None, [], [], gans, audits)
+
+
+def test_the_frontier_pairs_each_release_with_the_regimes_control_of_its_seed_and_node():
+    """FedER rows against their own alpha-0 control, a DP row (its own control in its audit) against the regime's
+    control of the same seed and node, a VQ-VAE-2 row (another attack) against none."""
     from fedcli.report.frontier import generator_rows
 
-    controls = {(0, "node0"): 0.70, (0, "node1"): 0.66, (1, "node0"): 0.74, (1, "node1"): 0.68}
-
-    def sub(seed: int, released: dict, dp: bool = False, kind: str = "stylegan2", **config) -> SubExperiment:
-        def mia(auroc: float) -> dict:
-            return {"mia": {"auroc": auroc, "auroc_ci_low": auroc - 0.12}, "reconstruction_share": {"members": 1.0}}
-        audits = [{"node": node, "attack": "latent projection" if kind == "stylegan2" else "nearest buffer image",
-                   "buffer": {"dcr_share": 0.5},
-                   "generators": {"privacy": mia(auroc), "control": mia(auroc if dp else controls[(seed, node)])},
-                   **({"dp": {}} if dp else {})} for node, auroc in released.items()]
-        gans = [{"node": node, "config": {"generator": kind, **config}} for node in released]
-        return SubExperiment(Path(f"seed={seed}"), {"partition.seed": seed}, None, [], [], gans, audits)
-
-    alpha = [sub(s, {n: controls[(s, n)] - d for n, d in (("node0", 0.10), ("node1", 0.20))}, alpha=4.0,
-                 privacy_loss="all-pairs") for s in (0, 1)]
-    dp = [sub(s, {"node0": 0.50, "node1": 0.52}, dp=True, dp_epsilon=10.0) for s in (0, 1)]
-    vq = [sub(s, {"node0": 1.0, "node1": 1.0}, kind="vqvae2", prior_iterations=0) for s in (0, 1)]
+    alpha = [frontier_sub(s, {n: CONTROLS[(s, n)] - d for n, d in (("node0", 0.10), ("node1", 0.20))}, alpha=4.0,
+                          privacy_loss="all-pairs") for s in (0, 1)]
+    dp = [frontier_sub(s, {"node0": 0.50, "node1": 0.52}, dp=True, dp_epsilon=10.0) for s in (0, 1)]
+    vq = [frontier_sub(s, {"node0": 1.0, "node1": 1.0}, kind="vqvae2", prior_iterations=0) for s in (0, 1)]
     rows = generator_rows(alpha + dp + vq, "accuracy")
     assert rows["FedER alpha 4 (all-pairs)"]["minus control, paired [95%]"] == "-0.150 [-0.242, -0.058]"
-    expected = sum(r - c for c, r in zip(controls.values(), (0.50, 0.52) * 2)) / 4  # paired by seed and node
+    expected = sum(r - c for c, r in zip(CONTROLS.values(), (0.50, 0.52) * 2)) / 4  # paired by seed and node
     assert rows["DP epsilon 10"]["minus control, paired [95%]"].startswith(f"{expected:+.3f} [")
     assert rows["VQ-VAE-2: decoded codes"]["minus control, paired [95%]"] == "-"
     # released lower bounds: FedER's 0.48, 0.34, 0.52, 0.36; DP's 0.38, 0.40; the VQ-VAE-2's 0.88
     assert rows["FedER alpha 4 (all-pairs)"]["still leaking"] == "1/4"
     assert rows["DP epsilon 10"]["still leaking"] == "0/4" and rows["VQ-VAE-2: decoded codes"]["still leaking"] == "4/4"
+
+
+def test_the_frontier_lists_each_curves_rows_together_and_in_the_curves_order():
+    """Sub-experiments come sorted by name (alpha-16 before alpha-4, dp-10 before dp-3); the rows follow the curves."""
+    from fedcli.report.frontier import generator_rows
+
+    def release(**config):
+        return frontier_sub(0, {"node0": 0.6}, **config)
+    subs = [release(alpha=1.0, privacy_loss="all-pairs"), release(alpha=16.0, privacy_loss="all-pairs"),
+            release(alpha=4.0, privacy_loss="all-pairs"), release(dp=True, dp_epsilon=10.0),
+            release(dp=True, dp_epsilon=3.0), release(alpha=4.0, privacy_loss="nearest")]
+    assert list(generator_rows(subs, "accuracy")) == [
+        "FedER alpha 1 (all-pairs)", "FedER alpha 4 (all-pairs)", "FedER alpha 16 (all-pairs)", "DP epsilon 3",
+        "DP epsilon 10", "FedER alpha 4 (nearest)"]

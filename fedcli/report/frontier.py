@@ -80,9 +80,13 @@ def below_control(reps: list[SubExperiment], controls: dict[tuple, float]) -> st
 def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
     controls = regime_controls(subs)
     groups: dict[str, list[SubExperiment]] = defaultdict(list)
+    order: dict[str, tuple[str, float]] = {}  # each curve's rows together, along the curve
     for sub in subs:
         if sub.audits and (setting := generator_setting(sub)) is not None:
             groups[setting[1]].append(sub)
+            order[setting[1]] = setting[0], setting[2]
+    curves = list(dict.fromkeys(curve for curve, _ in order.values()))
+    groups = {label: groups[label] for label in sorted(groups, key=lambda g: (curves.index(order[g][0]), order[g][1]))}
     nodes = nodes_of(subs)
     rows = {}
     for label, reps in groups.items():
@@ -174,6 +178,8 @@ def frontier_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
             curves[setting[0]][setting[1]] = setting[2:]
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for axis in (left, right):  # up to 18 series (more than one 10-colour cycle), no two alike
+        axis.set_prop_cycle(color=[*plt.get_cmap("tab10").colors, *plt.get_cmap("Dark2").colors])
     for curve, places in curves.items():
         labels = sorted(places, key=lambda label: places[label][0])
         for axis, column in ((left, "membership AUROC"), (right, "members rebuilt")):
