@@ -138,3 +138,22 @@ def test_the_frontier_lists_each_curves_rows_together_and_in_the_curves_order():
     assert list(generator_rows(subs, "accuracy")) == [
         "FedER alpha 1 (all-pairs)", "FedER alpha 4 (all-pairs)", "FedER alpha 16 (all-pairs)", "DP epsilon 3",
         "DP epsilon 10", "FedER alpha 4 (nearest)"]
+
+
+def test_the_same_federation_attacked_in_several_sub_experiments_counts_once():
+    """Two variants of a seed that federate alike hold bitwise-equal attack summaries: one measurement, not two
+    samples (the std would shrink and n grow); another seed's federation is another sample."""
+    from pathlib import Path
+
+    from fedcli.report.collect import Stat, SubExperiment
+    from fedcli.report.frontier import attack_rows
+
+    def attacked(seed: int, psnr: float) -> SubExperiment:
+        row = {"node": "node0", "attack": "latents", "batch": 1, "psnr_mean": psnr,
+               "reconstructed": {"ssim": {"share": 1.0}}, "chance": {"ssim": {"share": 0.0}}}
+        summary = {"strategy": "fedreplay", "settings": {"iterations": 500}, "attacks": [row], "notes": []}
+        return SubExperiment(Path(f"seed={seed}"), {"partition.seed": seed}, None, [], [], [], [],
+                             attacks={"fedreplay": summary})
+    subs = [attacked(0, 40.0), attacked(0, 40.0), attacked(1, 44.0)]
+    psnr = attack_rows(subs, "accuracy")["fedreplay: latents"]["attack PSNR (dB)"]
+    assert (psnr.mean, psnr.n, str(psnr)) == (42.0, 2, str(Stat.of([40.0, 44.0])))

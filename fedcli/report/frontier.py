@@ -6,6 +6,7 @@ and gradients scored by the reconstruction attacks (audit/shared_attacks.py); an
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -117,12 +118,24 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
     return rows
 
 
-def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
-    pooled: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
+def distinct_attacks(subs: list[SubExperiment]) -> list[tuple[SubExperiment, str, dict]]:
+    """(sub-experiment, strategy, attack summary), each measurement once: a summary that repeats another bitwise is
+    the same federation attacked again in another sub-experiment (fedcli is deterministic), not another sample."""
+    seen, found = set(), []
     for sub in subs:
         for strategy, summary in sub.attacks.items():
-            for row in summary["attacks"]:
-                pooled[(strategy, row["attack"], row["batch"])].append(row)
+            if (key := (strategy, json.dumps(summary, sort_keys=True))) not in seen:
+                seen.add(key)
+                found.append((sub, strategy, summary))
+    return found
+
+
+def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
+    measured = distinct_attacks(subs)
+    pooled: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
+    for _, strategy, summary in measured:
+        for row in summary["attacks"]:
+            pooled[(strategy, row["attack"], row["batch"])].append(row)
     nodes = nodes_of(subs)
     rows = {}
     for (strategy, attack, batch), found in pooled.items():
@@ -134,8 +147,8 @@ def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
                        "reconstructed by attack": Stat.of([r["reconstructed"]["ssim"]["share"] for r in found]),
                        "by chance (decoys)": Stat.of([r["chance"]["ssim"]["share"] for r in found if "chance" in r]),
                        "attack PSNR (dB)": Stat.of([r["psnr_mean"] for r in found]), "fidelity ratio": "-",
-                       metric: performance_cells([s for s in subs if strategy in s.attacks], strategy, metric,
-                                                 nodes)["mean"]}
+                       metric: performance_cells([s for s, name, _ in measured if name == strategy], strategy,
+                                                 metric, nodes)["mean"]}
     return rows
 
 
