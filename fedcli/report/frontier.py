@@ -78,19 +78,22 @@ def below_control(reps: list[SubExperiment], controls: dict[tuple, float]) -> st
     return interval(differences)
 
 
-def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
-    controls = regime_controls(subs)
-    groups: dict[str, list[SubExperiment]] = defaultdict(list)
-    order: dict[str, tuple[str, float]] = {}  # each curve's rows together, along the curve
+def by_setting(subs: list[SubExperiment]) -> dict[tuple[str, str, float, str], list[SubExperiment]]:
+    """The audited sub-experiments by generator setting (generator_setting), each curve's settings together and
+    along the curve (sub-experiments come sorted by name: alpha-16 before alpha-4)."""
+    groups: dict[tuple[str, str, float, str], list[SubExperiment]] = defaultdict(list)
     for sub in subs:
         if sub.audits and (setting := generator_setting(sub)) is not None:
-            groups[setting[1]].append(sub)
-            order[setting[1]] = setting[0], setting[2]
-    curves = list(dict.fromkeys(curve for curve, _ in order.values()))
-    groups = {label: groups[label] for label in sorted(groups, key=lambda g: (curves.index(order[g][0]), order[g][1]))}
+            groups[setting].append(sub)
+    curves = list(dict.fromkeys(setting[0] for setting in groups))
+    return {setting: groups[setting] for setting in sorted(groups, key=lambda s: (curves.index(s[0]), s[2]))}
+
+
+def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
+    controls = regime_controls(subs)
     nodes = nodes_of(subs)
     rows = {}
-    for label, reps in groups.items():
+    for (_, label, _, _), reps in by_setting(subs).items():
         audits = [a for s in reps for a in s.audits]
         controlled = all(own_control(a) is not None for a in audits)
         effects = [a["privacy_effect"]["verdict"] for a in audits if "privacy_effect" in a]
@@ -185,22 +188,21 @@ def frontier_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
     generators, attacks = generator_rows(subs, metric), attack_rows(subs, metric)
     if len(generators) + len(attacks) < 2:
         return False
-    curves: dict[str, dict[str, tuple[float, str]]] = defaultdict(dict)
-    for sub in subs:
-        if (setting := generator_setting(sub)) is not None and setting[1] in generators:
-            curves[setting[0]][setting[1]] = setting[2:]
+    curves: dict[str, dict[str, str]] = defaultdict(dict)  # curve -> its labels along it -> each place's name
+    for curve, label, _, place in by_setting(subs):
+        curves[curve][label] = place
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for axis in (left, right):  # up to 18 series (more than one 10-colour cycle), no two alike
         axis.set_prop_cycle(color=[*plt.get_cmap("tab10").colors, *plt.get_cmap("Dark2").colors])
     for curve, places in curves.items():
-        labels = sorted(places, key=lambda label: places[label][0])
+        labels = list(places)
         for axis, column in ((left, "membership AUROC"), (right, "members rebuilt")):
             xs, ys = ([generators[label][c] for label in labels] for c in (column, metric))
             axis.errorbar([x.mean for x in xs], [y.mean for y in ys], xerr=[x.std for x in xs],
                           yerr=[y.std for y in ys], marker="o", capsize=3, label=curve)
             for label, x, y in zip(labels, xs, ys):
-                axis.annotate(places[label][1], (x.mean, y.mean), fontsize=6, xytext=(3, 3), textcoords="offset points")
+                axis.annotate(places[label], (x.mean, y.mean), fontsize=6, xytext=(3, 3), textcoords="offset points")
     for label, row in attacks.items():
         x, y = row["reconstructed by attack"], row[metric]
         right.errorbar([x.mean], [y.mean], xerr=[x.std], yerr=[y.std], marker="s", capsize=3, label=label)
