@@ -286,6 +286,12 @@ def train_gan(
     prior_layers: int = typer.Option(GanConfig.prior_layers, help="vqvae2: gated masked layers of the prior."),
     sample_only: bool = typer.Option(GanConfig.sample_only, help="Only re-sample the buffer (e.g. another --buffer-size) from "
                                      "the saved generator."),
+    phase1_from: Optional[Path] = typer.Option(None, help="An experiment whose train-gan ran the same phase 1 (the "
+                                               "same options but --alpha, --privacy-loss, --privacy-scale, "
+                                               "--pp-iterations, --fid-factor, the buffer's and the side GANs', on "
+                                               "the same partition): phase 2 and the control start from its kept "
+                                               "phase-1 state instead of retraining it, with the same results. "
+                                               "Refused where phase 1 would differ.", show_default=False),
     device: Device = typer.Option(GanConfig.device, help="auto (CUDA when present), cpu or cuda."),
     engine: Engine = typer.Option(GanConfig.engine, help="vqvae2: inprocess (the chain runs here) or distributed "
                                   "(one torch.distributed process per node; each waits for its predecessor's "

@@ -285,7 +285,8 @@ Auto = Literal["auto"]
 Off = Literal["off"]
 
 
-GAN_ENGINE_OPTIONS = frozenset({"engine", "launch", "timeout"})  # how train-gan runs, not what it makes (equal bytes)
+# how train-gan runs, or where it starts from, not what it makes (equal bytes)
+GAN_ENGINE_OPTIONS = frozenset({"engine", "launch", "timeout", "phase1_from"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,6 +347,7 @@ class GanConfig:
     prior_channels: int = ranged(64, 1, 4096)
     prior_layers: int = ranged(4, 1, 64)
     sample_only: bool = False
+    phase1_from: Path | None = None  # an experiment whose phase 1 this one's equals (gan/phase1_state.py)
     device: Device = "auto"
     engine: Engine = "inprocess"
     launch: Launch = "none"
@@ -365,6 +367,9 @@ class GanConfig:
             if isinstance(value, str) and value != "auto":
                 raise UserError(f"--{name.replace('_', '-')} must be a number or auto, got {value!r}")
         check_weights_file(self, "lpips_weights", "fid_weights")
+        if self.phase1_from is not None and not (Path(self.phase1_from) / "gan").is_dir():
+            raise UserError(f"--phase1-from {self.phase1_from} holds no trained GANs (no gan folder); name an "
+                            "experiment that ran fedcli train-gan")
         if self.dp_epsilon == "off":
             object.__setattr__(self, "dp_epsilon", None)
         if self.dp_epsilon is not None:

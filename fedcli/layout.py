@@ -20,6 +20,7 @@ GENERATOR_CONTROL = "generator_control.safetensors"  # phase 2 at alpha = 0: the
 GENERATOR_RESEEDED = "generator_reseeded.safetensors"  # the control from another random stream (--controls)
 GENERATOR_TINY = "generator_tiny.safetensors"  # trained long on a tiny subset of the node (--controls)
 GENERATOR_REFERENCE = "generator_reference.safetensors"  # phase 1 without the audit's members (--reference)
+PHASE1_STATE = "phase1_state.safetensors"  # the trainer at the kept phase-1 snapshot (gan/phase1_state.py)
 BUFFER = "buffer.safetensors"
 CODES = "codes.safetensors"  # a VQ-VAE-2 node's codes of its training images, with their labels
 SERIAL = ".serial"  # gan/.serial/: a serially trained generator's checkpoint after each institution

@@ -380,3 +380,30 @@ train_gan.pp-iterations = 0
     assert "--dp-epsilon" in line
     assert sorted(p.name for p in (exp / "runs").iterdir()) == ["variant=dp", "variant=open"]
     assert all((p / "partition").is_dir() and not (p / "gan").exists() for p in (exp / "runs").iterdir())
+
+
+def test_a_sub_experiment_starts_from_an_earlier_ones_phase1_where_only_later_options_differ(tmp_path, digits_exp):
+    """Runner.shared_phase1: a StyleGAN train-gan whose options up to phase 2 and partition equal an earlier
+    sub-experiment's gets --phase1-from that one (where it kept every node's state); another phase 1, another
+    partition, DP or a dry run trains its own."""
+    from fedcli.config import GanConfig
+    from fedcli.pipeline.runner import Runner
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, second):
+        folder.mkdir()
+        (folder / "partition").symlink_to(digits_exp / "partition", target_is_directory=True)
+    runner = Runner(Recipe.load(recipe(tmp_path)), tmp_path)
+    base = GanConfig(exp=first, iterations=12)
+    assert runner.shared_phase1(base, first, "p") == base  # the first trains it
+    other = GanConfig(exp=second, iterations=12, alpha=4.0, privacy_loss="nearest", pp_iterations=7)
+    assert runner.shared_phase1(other, second, "p") == other  # the first kept no state
+    for node in ("node0", "node1", "node2"):
+        (first / "gan" / node).mkdir(parents=True)
+        (first / "gan" / node / "phase1_state.safetensors").write_bytes(b"")
+    assert runner.shared_phase1(other, second, "p").phase1_from == first
+    for differs in (GanConfig(exp=second, iterations=13), GanConfig(exp=second, iterations=12, dp_epsilon=10.0,
+                                                                     pp_iterations=0)):
+        assert runner.shared_phase1(differs, second, "p").phase1_from is None
+    assert runner.shared_phase1(other, second, "another partition").phase1_from is None
+    assert Runner(Recipe.load(recipe(tmp_path)), tmp_path, dry_run=True).shared_phase1(other, second, "p") == other

@@ -27,7 +27,7 @@ def test_every_node_gets_generators_buffer_metrics_samples_and_config(gan_exp):
     for node in ("node0", "node1"):
         files = {p.name for p in (gan_exp / "gan" / node).iterdir()}
         assert files == {"generator.safetensors", "generator_phase1.safetensors", "generator_control.safetensors",
-                         "buffer.safetensors", "metrics.csv", "samples.png", "config.json"}
+                         "buffer.safetensors", "metrics.csv", "samples.png", "config.json", "phase1_state.safetensors"}
         config = json.loads((gan_exp / "gan" / node / "config.json").read_text())
         manifest = json.loads((gan_exp / "partition" / "manifest.json").read_text())
         assert config["inputs"]["manifest"] == manifest["content_hash"]
@@ -125,6 +125,43 @@ def test_existing_output_buffer_size_alpha_and_weights(cli, tmp_path, gan_exp):
     assert "does not exist" in cli.user_error("train-gan", "--exp", exp, "--lpips-weights", tmp_path / "x.pth")
     assert "smaller than" in cli.user_error("train-gan", "--exp", exp, "--sample-only", "--buffer-size", "3")
     assert_gan_untouched(exp, before)
+
+
+def test_phase1_from_gives_another_alpha_a_full_runs_bytes_and_refuses_another_phase1(cli, tmp_path, gan_exp):
+    """--phase1-from starts phase 2 and the control from the source's kept phase-1 state: every file equals
+    that of the same train-gan run from scratch; a phase 1 that would differ, or a DP run, is refused before
+    anything trains."""
+    def fresh(name):
+        exp = tmp_path / name / "exp"
+        shutil.copytree(gan_exp / "partition", exp / "partition")
+        return exp
+
+    reused, scratch = fresh("reused"), fresh("scratch")
+    out = cli.ok("train-gan", "--exp", reused, "--node", "node0", *TINY, "--alpha", "4",
+                 "--phase1-from", gan_exp).stdout
+    assert "node node0: phase 1 from" in out and "not retrained" in out
+    cli.ok("train-gan", "--exp", scratch, "--node", "node0", *TINY, "--alpha", "4")
+    folder, other = reused / "gan" / "node0", scratch / "gan" / "node0"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in other.iterdir())
+    for path in folder.iterdir():
+        if path.name != "config.json":
+            assert path.read_bytes() == other.joinpath(path.name).read_bytes(), path.name
+    ours, theirs = (json.loads((f / "config.json").read_text()) for f in (folder, other))
+    assert ours["config"]["phase1_from"] == str(gan_exp) and theirs["config"]["phase1_from"] is None
+    assert {k: v for k, v in ours.items() if k not in ("config", "environment", "files")} == \
+        {k: v for k, v in theirs.items() if k not in ("config", "environment", "files")}
+    # phase 2 did change with alpha: the released generator is not the source's
+    assert (folder / "generator.safetensors").read_bytes() != (gan_exp / "gan" / "node0" /
+                                                              "generator.safetensors").read_bytes()
+
+    refused = fresh("refused")
+    line = cli.user_error("train-gan", "--exp", refused, *TINY, "--iterations", "18", "--phase1-from", gan_exp)
+    assert "--iterations (12 there, 18 here)" in line
+    line = cli.user_error("train-gan", "--exp", refused, *TINY, "--dp-epsilon", "10", "--pp-iterations", "0",
+                          "--phase1-from", gan_exp)
+    assert "drop --phase1-from" in line
+    assert "no gan folder" in cli.user_error("train-gan", "--exp", refused, *TINY, "--phase1-from", tmp_path)
+    assert not (refused / "gan").exists()
 
 
 def test_stale_manifest_is_detected(cli, tmp_path, gan_exp):

@@ -5,6 +5,7 @@ evaluation with the row's scores."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from rich.progress import TextColumn
 
@@ -52,6 +53,11 @@ class TrainingProgress(ProgressBar):
             status += f" lpips {row['lpips_mean']:.3f}"
         self.progress.update(task, completed=row["iteration"], status=status,
                              rate=f"{speed:.1f} it/s" if speed else "")
+
+    def reused(self, iterations: int, source: Path) -> None:
+        """Phase 1 taken from another experiment (train-gan --phase1-from): its bar full, one line in the events."""
+        self.progress.update(self.tasks[1], total=iterations, completed=iterations, status=f"from {source}")
+        events.record("phase1-reused", {"node": self.node, "from": str(source), "iterations": iterations})
 
     def record_check(self, row: dict) -> None:
         """The check's line in the stage's events; TensorBoard tags `<node>/<phase>/<score>`, step the

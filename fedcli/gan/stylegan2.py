@@ -5,13 +5,14 @@ alpha-0 control (fedcli/gan/train.py); under --dp-epsilon one DP-SGD run stands 
 With --controls also generator_reseeded.safetensors (the control from another random stream) and
 generator_tiny.safetensors (a GAN trained as long on a tiny subset of the node: the audit's tiny-node
 control); with --reference N generator_reference.safetensors (phase 1's recipe without the first N members
-the audit scores: the calibrated attack's reference).
+the audit scores: the calibrated attack's reference). Without DP also phase1_state.safetensors, the trainer
+at the kept phase-1 snapshot, which `--phase1-from` starts another alpha from (fedcli/gan/phase1_state.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -26,11 +27,13 @@ from fedcli.errors import UserError
 from fedcli.gan import fid, fidelity, private
 from fedcli.gan.networks import Architecture, Generator
 from fedcli.gan.perceptual import Perceptual
+from fedcli.gan.phase1_state import Phase1Source, state_file
 from fedcli.gan.progress import TrainingProgress
-from fedcli.gan.train import GanTrainer, TrainSettings, long_run, private_run, run_phases, standard_phase
+from fedcli.gan.train import (GanTrainer, PhaseResult, TrainSettings, long_run, private_run, run_phases,
+                              standard_phase)
 from fedcli.generators import CONTROL, RELEASED, STANDARD, Trained
 from fedcli.layout import (GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE, GENERATOR_RESEEDED,
-                           GENERATOR_TINY)
+                           GENERATOR_TINY, PHASE1_STATE)
 from fedcli.progress import StepProgress
 from fedcli.replay.groups import interleave, matched_groups
 from fedcli.rng import numpy_stream, stream_seed, torch_stream
@@ -43,7 +46,7 @@ class StyleGan2:
         "iterations", "patience", "pp_iterations", "fid_every", "fid_images", "fid_factor", "alpha", "privacy_loss",
         "privacy_scale", "batch", "lr", "r1_gamma", "ada_target", "ada_kimg", "ema_kimg", "style_mixing", "z_dim",
         "w_dim", "channel_base", "channel_max", "lpips_net", "lpips_weights", "fid_weights", "controls", "tiny_node",
-        "reference", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "select"})
+        "reference", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "select", "phase1_from"})
 
     def titles(self, cfg: GanConfig) -> dict[str, str]:
         if cfg.private:
@@ -53,6 +56,9 @@ class StyleGan2:
 
     def plans(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int) -> dict:
         architecture(cfg, manifest)
+        if cfg.private and cfg.phase1_from is not None:
+            raise UserError("--phase1-from starts phase 2 from a standard phase 1; a DP generator trains neither "
+                            "(one DP-SGD run), so drop --phase1-from")
         for node in nodes:
             reference_holdout(manifest, node, cfg.reference, seed)
         return {node: dp_plan(cfg, manifest, node) for node in nodes}
@@ -60,9 +66,11 @@ class StyleGan2:
     def trainer(self, cfg: GanConfig, manifest: Manifest, nodes: Sequence[str], seed: int,
                 device: str) -> NodeTraining:
         plans = self.plans(cfg, manifest, nodes, seed)
+        sources = {node: Phase1Source(cfg.phase1_from, cfg, manifest, node, seed, device) for node in nodes
+                   if cfg.phase1_from is not None}
         perceptual = Perceptual(cfg.lpips_net, cfg.lpips_weights).to(device)
         return NodeTraining(cfg, manifest, seed, device, architecture(cfg, manifest), perceptual,
-                            fid.inception_space(cfg.fid_weights, device), plans)
+                            fid.inception_space(cfg.fid_weights, device), plans, sources)
 
     def build(self, record: dict) -> Generator:
         return Generator(Architecture(**record["architecture"]))
@@ -161,6 +169,7 @@ class NodeTraining:
     perceptual: Perceptual
     inception: fid.FeatureSpace | None
     plans: dict[str, private.DpPlan | None]
+    sources: dict[str, Phase1Source]  # --phase1-from's state of each node
 
     def judge(self, node: str, train: TensorSource) -> fidelity.SelectionJudge | None:
         """Under --select fidelity, the reading of a GAN trained on `train`."""
@@ -184,7 +193,8 @@ class NodeTraining:
         with TrainingProgress(node, cfg.iterations, cfg.pp_iterations, cfg.controls, bool(cfg.reference)) as progress:
             log = lambda row: (rows.append(row), progress.update(row))  # noqa: E731
             reseed = stream_seed(seed, node, "train-gan-reseeded") if cfg.controls else None
-            phases = private_run(trainer, log) if dp else run_phases(trainer, log, reseed)
+            start = None if dp else self.phase1(node, trainer, log, rows, progress)
+            phases = private_run(trainer, log) if dp else run_phases(trainer, log, reseed, start)
             if cfg.controls:
                 tiny = long_run(side_trainer(trainer, data, tiny_index, seed, node, "tiny"), cfg.iterations, "tiny",
                                 log)
@@ -209,6 +219,9 @@ class NodeTraining:
                       GENERATOR_TINY: (tiny, {"phase": "tiny", "node": node})}
         if reference is not None:
             files[GENERATOR_REFERENCE] = (reference.generator, {"phase": "reference", "node": node})
+        if start is not None:
+            files[PHASE1_STATE] = state_file(cfg, self.manifest, node, seed, device, *start,
+                                             [row for row in rows if row["phase"] == 1])
         names = metric_names(self.perceptual, features)
         record = {"architecture": dataclasses.asdict(self.arch), "train_images": len(data), "device": device,
                   "settings": dataclasses.asdict(trainer.s), "lpips": self.perceptual.record(),
@@ -226,6 +239,20 @@ class NodeTraining:
         if dp:
             record["dp"] = dp.record()
         return Trained(generators, files, metrics_frame(rows, names), record)
+
+    def phase1(self, node: str, trainer: GanTrainer, log: Callable[[dict], None], rows: list[dict],
+               progress: TrainingProgress) -> tuple[PhaseResult, dict]:
+        """Phase 1 and the trainer's state at its kept snapshot: trained here, or --phase1-from's (its rows
+        joining this run's metrics)."""
+        source = self.sources.get(node)
+        if source is None:
+            return standard_phase(trainer, log)
+        phase1, state, earlier = source.restore(trainer)
+        rows.extend(earlier)
+        progress.reused(phase1.iterations_run, source.source)
+        console.out.print(f"node {node}: phase 1 from {source.source} (the same options up to phase 2), not "
+                          "retrained", soft_wrap=True, markup=False)
+        return phase1, state
 
 
 def phases_record(cfg: GanConfig, trainer: GanTrainer, phases) -> dict:

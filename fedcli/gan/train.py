@@ -273,9 +273,11 @@ class Phases(NamedTuple):
     reseeded: PhaseResult | None  # the control again from another random stream, when asked for
 
 
-def run_phases(trainer: GanTrainer, log: Callable[[dict], None], reseed: int | None = None) -> Phases:
-    """Phase 1, phase 2 and phase 2's control; `log` receives one row per iteration (with `fid` where
-    evaluated; the control's rows have phase "control").
+def run_phases(trainer: GanTrainer, log: Callable[[dict], None], reseed: int | None = None,
+               start: tuple[PhaseResult, dict] | None = None) -> Phases:
+    """Phase 1 (or `start`: phase 1's result and the state at its kept snapshot, from standard_phase), phase 2
+    and phase 2's control; `log` receives one row per iteration (with `fid` where evaluated; the control's rows
+    have phase "control").
 
     The control repeats phase 2 from the same snapshot, with the same iterations, data order and
     random draws, at alpha = 0: the privacy loss is the only difference between the two generators,
@@ -283,7 +285,7 @@ def run_phases(trainer: GanTrainer, log: Callable[[dict], None], reseed: int | N
     With `reseed`, the control runs once more from the same snapshot with its random stream (data
     order, latents, augmentation) reseeded: a null pair for the audit's controls, whose paired effect
     must come out as none."""
-    phase1, start = standard_phase(trainer, log)
+    phase1, start = standard_phase(trainer, log) if start is None else start
     trainer.restore(start)
     privacy = privacy_phase(trainer, log, phase1.fid)
     trainer.restore(start)

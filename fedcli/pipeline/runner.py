@@ -5,7 +5,8 @@ federate unit per strategy, audit-privacy, and the report. A unit runs when its 
 (config + upstream fingerprints, see ledger.py) is new or its outputs changed since; otherwise
 it is skipped. Sub-experiments of a sweep live in `<exp>/runs/<key=value,...>/`; a unit whose
 fingerprint another sub-experiment already has is not rerun but linked (relative symlink), so a
-buffer-size sweep trains the GANs once.
+buffer-size sweep trains the GANs once; a StyleGAN train-gan whose phase 1 an earlier sub-experiment trained
+(another alpha) starts from that one's (`train-gan --phase1-from`), so an alpha sweep trains phase 1 once.
 
 A dry run (`fedcli run --dry-run`) walks the same units and says what each would do, writing nothing
 and taking no lock. A federate unit after a [select] grid that would run is named without its
@@ -36,6 +37,8 @@ from fedcli.errors import UserError
 from fedcli.fl.federate_config import FederateConfig, inapplicable, resolved_options
 from fedcli.fl.strategies import REGISTRY
 from fedcli.gan.kinds import generator_kind
+from fedcli.gan.phase1_state import AFTER_PHASE1
+from fedcli.layout import PHASE1_STATE, gan_dir
 from fedcli.locking import locked
 from fedcli.pipeline.ledger import Ledger, fingerprint
 from fedcli.pipeline.recipe import NOT_FINGERPRINTED, Point, Recipe
@@ -51,6 +54,7 @@ class Runner:
         self.fingerprints: list[str] = []
         self.pending: set[str] = set()  # a dry run's units that would run, so their outputs cannot be read yet
         self.partitioned: dict[Path, tuple[dict[str, Any], str, bool]] = {}  # folder -> Runner.partition's answer
+        self.phase1_owners: dict[str, Path] = {}  # phase 1's fingerprint -> the first folder that trains it
 
     @property
     def report_config(self):
@@ -124,6 +128,7 @@ class Runner:
         generators = self.needs_generators(point, strategies, regime)
         g_fp = fingerprint("train-gan", plain(gan, GAN_ENGINE_OPTIONS), [p_fp])
         if generators:
+            gan = self.shared_phase1(gan, folder, p_fp)
             self.unit(folder, point.name, "train-gan", g_fp, "gan",
                       lambda: stage_run("fedcli.gan.stage", gan, keep_finished=True))
         federated: list[str] = []  # the fingerprints of the federations an attack on shared data may read
@@ -163,6 +168,18 @@ class Runner:
         a_fp = fingerprint("audit-privacy", plain(audit, ATTACK_OPTIONS), [p_fp, g_fp])
         return self.unit(folder, point.name, "audit-privacy", a_fp, "audit",
                          lambda: stage_run("fedcli.audit.stage", dataclasses.replace(audit, shared=False)))
+
+    def shared_phase1(self, gan, folder: Path, p_fp: str):
+        """`gan`, starting from the phase 1 of the first sub-experiment that trains it with the same options up to
+        phase 2 (gan/phase1_state.py), where that one kept it for every node."""
+        if gan.generator != "stylegan2" or gan.private or self.dry_run:
+            return gan
+        options = {k: v for k, v in plain(gan, GAN_ENGINE_OPTIONS).items() if k not in AFTER_PHASE1}
+        owner = self.phase1_owners.setdefault(fingerprint("train-gan phase 1", options, [p_fp]), folder)
+        if owner == folder or not all((gan_dir(owner, node) / PHASE1_STATE).is_file()
+                                      for node in Manifest.load(folder).node_names):
+            return gan
+        return dataclasses.replace(gan, phase1_from=owner)
 
     def prune_point(self, folder: Path, strategies: tuple[str, ...], shared: bool) -> None:
         """Outputs of a sub-experiment that its recipe no longer makes go."""

@@ -1,0 +1,117 @@
+"""Phase 1's end state, kept in each StyleGAN node folder so that another train-gan can start from it.
+
+Phase 2 and its control both restart from the trainer's state at the kept phase-1 snapshot
+(GanTrainer.snapshot: networks, optimisers, ADA, counters, data order, random stream). Options that only
+phase 2 reads (alpha, the privacy loss's form and scale, phase 2's cap and FID limit) or that only act
+after it (the buffer, the side GANs) leave phase 1 bitwise the same, so a sweep over alpha need not
+retrain it: `train-gan --phase1-from EXP` starts phase 2 from EXP's state where the key matches (every
+other option, the partition's content, the seed, the node, the device type and the CPU threads) and
+refuses otherwise. The outputs are those of a full run, byte for byte; only phase 1's time is saved.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from fedcli.artifacts import parse_tensors
+from fedcli.config import GanConfig, to_json
+from fedcli.data.manifest import Manifest
+from fedcli.errors import UserError
+from fedcli.gan.train import GanTrainer, PhaseResult
+from fedcli.layout import PHASE1_STATE, gan_dir
+
+FORMAT = 1
+AFTER_PHASE1 = frozenset({"alpha", "privacy_loss", "privacy_scale", "pp_iterations", "fid_factor", "buffer_size",
+                          "truncation", "controls", "tiny_node", "reference"})
+NOT_READ = frozenset({"exp", "node", "overwrite", "threads", "sample_only", "engine", "launch", "timeout",
+                      "phase1_from", "device"})  # where and how it runs; the device and threads enter as used
+NETWORKS = ("G", "D", "G_ema")
+OPTIMISERS = ("opt_g", "opt_d")
+
+
+def key(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str) -> dict:
+    """What decides a node's phase 1."""
+    options = {k: v for k, v in to_json(cfg).items() if k not in AFTER_PHASE1 | NOT_READ}
+    return {"format": FORMAT, "options": options, "partition": manifest.content_hash, "node": node, "seed": seed,
+            "device": torch.device(device).type, "threads": torch.get_num_threads()}
+
+
+def state_file(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str, phase1: PhaseResult,
+               state: dict, rows: list[dict]) -> tuple[dict[str, torch.Tensor], dict]:
+    """The (tensors, metadata) of PHASE1_STATE: the trainer's state at the kept snapshot, phase 1's result and
+    its metrics rows."""
+    tensors = {f"{net}.{name}": t.detach().cpu() for net in NETWORKS for name, t in state[net].items()}
+    for opt in OPTIMISERS:
+        tensors |= {f"{opt}.{index}.{name}": t.detach().cpu() for index, slots in state[opt]["state"].items()
+                    for name, t in slots.items()}
+    tensors |= {"order": state["order"].cpu(), "rng": state["rng"]}
+    metadata = {"key": json.dumps(key(cfg, manifest, node, seed, device), sort_keys=True),
+                "phase1": json.dumps({"fid": phase1.fid, "iteration": phase1.iteration,
+                                      "iterations_run": phase1.iterations_run, "stopped": phase1.stopped,
+                                      "selection": phase1.selection}),
+                "ada": json.dumps(state["ada"]), "counters": json.dumps([state["iteration"], state["images_seen"]]),
+                "rows": json.dumps(rows)}
+    return tensors, metadata
+
+
+class Phase1Source:
+    """A node's phase-1 state in another experiment, checked against this run's key before anything trains."""
+
+    def __init__(self, source: Path, cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str):
+        path = gan_dir(source, node) / PHASE1_STATE
+        self.source = source
+        if not path.is_file():
+            raise UserError(f"--phase1-from {source}: no phase-1 state for node {node} ({path} is missing: a DP, "
+                            "VQ-VAE-2 or older train-gan keeps none); drop --phase1-from")
+        try:
+            self.tensors, self.metadata = parse_tensors(path.read_bytes())
+            theirs = json.loads(self.metadata["key"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise UserError(f"--phase1-from: {path} is corrupt ({exc}); drop --phase1-from, or retrain {source}") \
+                from None
+        ours = key(cfg, manifest, node, seed, device)
+        if theirs != ours:
+            raise UserError(f"--phase1-from {source}: node {node}'s phase 1 there differs from this run's in "
+                            f"{differences(theirs, ours)}; drop --phase1-from, or train with the same options")
+
+    def restore(self, trainer: GanTrainer) -> tuple[PhaseResult, dict, list[dict]]:
+        """Phase 1's result, the trainer's state at its kept snapshot (restored into `trainer`'s shapes and
+        device) and its metrics rows."""
+        state = {net: {name.removeprefix(f"{net}."): t for name, t in self.tensors.items()
+                       if name.startswith(f"{net}.")} for net in NETWORKS}
+        for opt in OPTIMISERS:
+            slots: dict[int, dict[str, torch.Tensor]] = {}
+            for name, t in self.tensors.items():
+                if name.startswith(f"{opt}."):
+                    index, slot = name.removeprefix(f"{opt}.").split(".", 1)
+                    slots.setdefault(int(index), {})[slot] = t
+            state[opt] = {"state": slots, "param_groups": getattr(trainer, opt).state_dict()["param_groups"]}
+        state["ada"] = json.loads(self.metadata["ada"])
+        state["iteration"], state["images_seen"] = json.loads(self.metadata["counters"])
+        state["order"], state["rng"] = self.tensors["order"].to(trainer.device), self.tensors["rng"]
+        result = json.loads(self.metadata["phase1"])
+        phase1 = PhaseResult(state["G_ema"], result["fid"], result["iteration"], result["iterations_run"],
+                             result["stopped"], result["selection"])
+        return phase1, state, json.loads(self.metadata["rows"])
+
+
+NAMED = {"seed": "--seed", "device": "--device", "threads": "--threads", "node": "the node",
+         "partition": "the partition", "format": "the state's format"}
+
+
+def differences(theirs: dict, ours: dict) -> str:
+    """The key's differing entries, named as a user sets them."""
+    named = []
+    for k in sorted(set(theirs) | set(ours)):
+        there, here = theirs.get(k), ours.get(k)
+        if k == "options" and isinstance(there, dict):
+            named += [f"--{o.replace('_', '-')} ({there.get(o)} there, {here.get(o)} here)"
+                      for o in sorted(there.keys() | here.keys()) if there.get(o) != here.get(o)]
+        elif k == "partition" and there != here:
+            named.append("the partition (another content)")
+        elif there != here:
+            named.append(f"{NAMED.get(k, k)} ({there} there, {here} here)")
+    return ", ".join(named)
