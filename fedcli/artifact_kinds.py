@@ -21,7 +21,7 @@ from typing import Any
 from fedcli.artifacts import OLD, STAGING, parse_tensors, read_json, sha256_bytes, sha256_file
 from fedcli.errors import UserError
 from fedcli.layout import (BUFFER, CODES, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE,
-                           GENERATOR_RESEEDED, GENERATOR_TINY, PREDICTIONS, inside)
+                           GENERATOR_RESEEDED, GENERATOR_TINY, PHASE1_STATE, PREDICTIONS, inside)
 
 CONFIG = "config.json"
 SUB_EXPERIMENTS = ("runs", "select")  # <exp>/runs/<point>/ and <exp>/select/<point>/ hold whole experiments
@@ -61,6 +61,10 @@ KINDS: tuple[Kind, ...] = (
                                                          GENERATOR_RESEEDED, GENERATOR_TINY,
                                                          GENERATOR_REFERENCE)),
          f"{RECORDED}; metadata names its node; tensors fit the architecture; finite values", recorded=True),
+    Kind("phase-1 state", ("gan/*/" + PHASE1_STATE,),
+         f"{RECORDED}; metadata names its node; its key (every option up to phase 2, the partition, seed, node, "
+         "device and threads) equals the reader's before train-gan --phase1-from starts from it; it fits the trainer; "
+         "finite values", recorded=True),
     Kind("buffer", ("gan/*/" + BUFFER,),
          f"{RECORDED}; metadata names its node and partition; uint8 images (N, C, S, S); one int64 label per "
          "image, each a class the node holds", recorded=True),

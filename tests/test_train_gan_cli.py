@@ -161,6 +161,11 @@ def test_phase1_from_gives_another_alpha_a_full_runs_bytes_and_refuses_another_p
                           "--phase1-from", gan_exp)
     assert "drop --phase1-from" in line
     assert "no gan folder" in cli.user_error("train-gan", "--exp", refused, *TINY, "--phase1-from", tmp_path)
+    damaged = copy_exp(gan_exp, tmp_path / "damaged")
+    state = damaged / "gan" / "node0" / "phase1_state.safetensors"
+    state.write_bytes(state.read_bytes()[:-8] + bytes(b ^ 0xFF for b in state.read_bytes()[-8:]))
+    line = cli.user_error("train-gan", "--exp", refused, *TINY, "--phase1-from", damaged)
+    assert "node node0's phase-1 state" in line and "corrupt or was replaced" in line
     assert not (refused / "gan").exists()
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from fedcli.artifacts import parse_tensors
+from fedcli.artifact_kinds import load_recorded
 from fedcli.config import GanConfig, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
@@ -48,7 +48,7 @@ def state_file(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device:
         tensors |= {f"{opt}.{index}.{name}": t.detach().cpu() for index, slots in state[opt]["state"].items()
                     for name, t in slots.items()}
     tensors |= {"order": state["order"].cpu(), "rng": state["rng"]}
-    metadata = {"key": json.dumps(key(cfg, manifest, node, seed, device), sort_keys=True),
+    metadata = {"node": node, "key": json.dumps(key(cfg, manifest, node, seed, device), sort_keys=True),
                 "phase1": json.dumps({"fid": phase1.fid, "iteration": phase1.iteration,
                                       "iterations_run": phase1.iterations_run, "stopped": phase1.stopped,
                                       "selection": phase1.selection}),
@@ -62,16 +62,15 @@ class Phase1Source:
 
     def __init__(self, source: Path, cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str):
         path = gan_dir(source, node) / PHASE1_STATE
-        self.source = source
+        self.source, self.path, self.fix = source, path, f"drop --phase1-from, or retrain {source}"
         if not path.is_file():
             raise UserError(f"--phase1-from {source}: no phase-1 state for node {node} ({path} is missing: a DP, "
                             "VQ-VAE-2 or older train-gan keeps none); drop --phase1-from")
+        self.tensors, self.metadata = load_recorded(path, f"node {node}'s phase-1 state", self.fix, {"node": node})
         try:
-            self.tensors, self.metadata = parse_tensors(path.read_bytes())
             theirs = json.loads(self.metadata["key"])
-        except (OSError, ValueError, KeyError) as exc:
-            raise UserError(f"--phase1-from: {path} is corrupt ({exc}); drop --phase1-from, or retrain {source}") \
-                from None
+        except (KeyError, ValueError) as exc:
+            raise UserError(f"node {node}'s phase-1 state at {path} is corrupt (no key: {exc}); {self.fix}") from None
         ours = key(cfg, manifest, node, seed, device)
         if theirs != ours:
             raise UserError(f"--phase1-from {source}: node {node}'s phase 1 there differs from this run's in "
@@ -95,6 +94,11 @@ class Phase1Source:
         result = json.loads(self.metadata["phase1"])
         phase1 = PhaseResult(state["G_ema"], result["fid"], result["iteration"], result["iterations_run"],
                              result["stopped"], result["selection"])
+        try:
+            trainer.restore(state)
+        except (RuntimeError, KeyError, ValueError, IndexError) as exc:
+            raise UserError(f"the phase-1 state at {self.path} does not fit this trainer ({str(exc).splitlines()[0]}); "
+                            f"{self.fix}") from None
         return phase1, state, json.loads(self.metadata["rows"])
 
 
