@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from fedcli.artifact_kinds import load_recorded
-from fedcli.config import GanConfig, to_json
+from fedcli.config import GAN_ENGINE_OPTIONS, GanConfig, settled, to_json
 from fedcli.data.manifest import Manifest
 from fedcli.errors import UserError
 from fedcli.gan.train import GanTrainer, PhaseResult
@@ -26,17 +26,21 @@ from fedcli.layout import PHASE1_STATE, gan_dir
 FORMAT = 1
 AFTER_PHASE1 = frozenset({"alpha", "privacy_loss", "privacy_scale", "pp_iterations", "fid_factor", "buffer_size",
                           "truncation", "controls", "tiny_node", "reference"})
-NOT_READ = frozenset({"exp", "node", "overwrite", "threads", "sample_only", "engine", "launch", "timeout",
-                      "phase1_from", "device"})  # where and how it runs; the device and threads enter as used
+# where and how it runs (the device and threads enter the key as used)
+NOT_READ = GAN_ENGINE_OPTIONS | {"exp", "node", "overwrite", "threads", "sample_only", "device"}
 NETWORKS = ("G", "D", "G_ema")
 OPTIMISERS = ("opt_g", "opt_d")
 
 
+def phase1_options(cfg: GanConfig) -> dict:
+    """The options that decide phase 1 (what `fedcli run` matches sub-experiments by, before the key)."""
+    return settled({k: v for k, v in to_json(cfg).items() if k not in AFTER_PHASE1 | NOT_READ})
+
+
 def key(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str) -> dict:
     """What decides a node's phase 1."""
-    options = {k: v for k, v in to_json(cfg).items() if k not in AFTER_PHASE1 | NOT_READ}
-    return {"format": FORMAT, "options": options, "partition": manifest.content_hash, "node": node, "seed": seed,
-            "device": torch.device(device).type, "threads": torch.get_num_threads()}
+    return {"format": FORMAT, "options": phase1_options(cfg), "partition": manifest.content_hash, "node": node,
+            "seed": seed, "device": torch.device(device).type, "threads": torch.get_num_threads()}
 
 
 def state_file(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str, phase1: PhaseResult,
@@ -58,17 +62,20 @@ def state_file(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device:
 
 
 class Phase1Source:
-    """A node's phase-1 state in another experiment, checked against this run's key before anything trains."""
+    """A node's phase-1 state in another experiment, checked whole against this run's key before anything trains,
+    and read again when its node's turn comes (every node's state held at once would be several times the
+    networks' size per node)."""
 
     def __init__(self, source: Path, cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: str):
         path = gan_dir(source, node) / PHASE1_STATE
-        self.source, self.path, self.fix = source, path, f"drop --phase1-from, or retrain {source}"
+        self.source, self.path, self.node = source, path, node
+        self.fix = f"drop --phase1-from, or retrain {source}"
         if not path.is_file():
             raise UserError(f"--phase1-from {source}: no phase-1 state for node {node} ({path} is missing: a DP, "
                             "VQ-VAE-2 or older train-gan keeps none); drop --phase1-from")
-        self.tensors, self.metadata = load_recorded(path, f"node {node}'s phase-1 state", self.fix, {"node": node})
+        _, metadata = self.load()
         try:
-            theirs = json.loads(self.metadata["key"])
+            theirs = json.loads(metadata["key"])
         except (KeyError, ValueError) as exc:
             raise UserError(f"node {node}'s phase-1 state at {path} is corrupt (no key: {exc}); {self.fix}") from None
         ours = key(cfg, manifest, node, seed, device)
@@ -76,22 +83,26 @@ class Phase1Source:
             raise UserError(f"--phase1-from {source}: node {node}'s phase 1 there differs from this run's in "
                             f"{differences(theirs, ours)}; drop --phase1-from, or train with the same options")
 
+    def load(self) -> tuple[dict, dict]:
+        return load_recorded(self.path, f"node {self.node}'s phase-1 state", self.fix, {"node": self.node})
+
     def restore(self, trainer: GanTrainer) -> tuple[PhaseResult, dict, list[dict]]:
         """Phase 1's result, the trainer's state at its kept snapshot (restored into `trainer`'s shapes and
         device) and its metrics rows."""
-        state = {net: {name.removeprefix(f"{net}."): t for name, t in self.tensors.items()
+        tensors, metadata = self.load()
+        state = {net: {name.removeprefix(f"{net}."): t for name, t in tensors.items()
                        if name.startswith(f"{net}.")} for net in NETWORKS}
         for opt in OPTIMISERS:
             slots: dict[int, dict[str, torch.Tensor]] = {}
-            for name, t in self.tensors.items():
+            for name, t in tensors.items():
                 if name.startswith(f"{opt}."):
                     index, slot = name.removeprefix(f"{opt}.").split(".", 1)
                     slots.setdefault(int(index), {})[slot] = t
             state[opt] = {"state": slots, "param_groups": getattr(trainer, opt).state_dict()["param_groups"]}
-        state["ada"] = json.loads(self.metadata["ada"])
-        state["iteration"], state["images_seen"] = json.loads(self.metadata["counters"])
-        state["order"], state["rng"] = self.tensors["order"].to(trainer.device), self.tensors["rng"]
-        result = json.loads(self.metadata["phase1"])
+        state["ada"] = json.loads(metadata["ada"])
+        state["iteration"], state["images_seen"] = json.loads(metadata["counters"])
+        state["order"], state["rng"] = tensors["order"].to(trainer.device), tensors["rng"]
+        result = json.loads(metadata["phase1"])
         phase1 = PhaseResult(state["G_ema"], result["fid"], result["iteration"], result["iterations_run"],
                              result["stopped"], result["selection"])
         try:
@@ -99,7 +110,7 @@ class Phase1Source:
         except (RuntimeError, KeyError, ValueError, IndexError) as exc:
             raise UserError(f"the phase-1 state at {self.path} does not fit this trainer ({str(exc).splitlines()[0]}); "
                             f"{self.fix}") from None
-        return phase1, state, json.loads(self.metadata["rows"])
+        return phase1, state, json.loads(metadata["rows"])
 
 
 NAMED = {"seed": "--seed", "device": "--device", "threads": "--threads", "node": "the node",

@@ -37,7 +37,7 @@ from fedcli.errors import UserError
 from fedcli.fl.federate_config import FederateConfig, inapplicable, resolved_options
 from fedcli.fl.strategies import REGISTRY
 from fedcli.gan.kinds import generator_kind
-from fedcli.gan.phase1_state import AFTER_PHASE1
+from fedcli.gan.phase1_state import phase1_options
 from fedcli.layout import PHASE1_STATE, gan_dir
 from fedcli.locking import locked
 from fedcli.pipeline.ledger import Ledger, fingerprint
@@ -172,10 +172,9 @@ class Runner:
     def shared_phase1(self, gan, folder: Path, p_fp: str):
         """`gan`, starting from the phase 1 of the first sub-experiment that trains it with the same options up to
         phase 2 (gan/phase1_state.py), where that one kept it for every node."""
-        if gan.generator != "stylegan2" or gan.private or self.dry_run:
+        if "phase1_from" not in generator_kind(gan.generator).options or gan.private or self.dry_run:
             return gan
-        options = {k: v for k, v in plain(gan, GAN_ENGINE_OPTIONS).items() if k not in AFTER_PHASE1}
-        owner = self.phase1_owners.setdefault(fingerprint("train-gan phase 1", options, [p_fp]), folder)
+        owner = self.phase1_owners.setdefault(fingerprint("train-gan phase 1", phase1_options(gan), [p_fp]), folder)
         if owner == folder or not all((gan_dir(owner, node) / PHASE1_STATE).is_file()
                                       for node in Manifest.load(folder).node_names):
             return gan
