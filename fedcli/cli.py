@@ -12,10 +12,10 @@ from typer.core import TyperGroup
 
 from fedcli import __version__, console, events
 from fedcli.config import (AuditConfig, Device, Engine, GanConfig, Launch, LpipsNet, Metric, ModelName,
-                           PartitionConfig, PredictConfig, PrivacyLoss, PrivacyScale, ReportConfig, Scheme, SelectRule,
-                           Source, Task, number_or_keyword, read_recipe, resolve)
+                           PartitionConfig, PredictConfig, Preprocess, PrivacyLoss, PrivacyScale, ReportConfig, Scheme,
+                           SelectRule, Source, Task, number_or_keyword, read_recipe, resolve)
 from fedcli.errors import UserError, environment_message
-from fedcli.fl.federate_config import FederateConfig, Labels, LrSchedule, Optimizer, Ssl, Weighting
+from fedcli.fl.federate_config import FederateConfig, Labels, LrSchedule, Optimizer, PartialBatch, Ssl, Weighting
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import check_experiment_folder
 from fedcli.pipeline.shipped import locate, shipped_recipes
@@ -115,6 +115,10 @@ def partition(
                                           "apart as a class-balanced globally shared set (fedavg-share gives it to "
                                           "every node; for every strategy those images leave their nodes' training "
                                           "sets). 0: none."),
+    global_test: int = typer.Option(PartitionConfig.global_test, help="Images set apart first as a fixed, "
+                                    "class-balanced global test set (the same images at every seed and --ks), "
+                                    "held by every node for evaluation only; federate scores every model on it "
+                                    "(global_test.csv) beside the nodes' own test sets. 0: none."),
     labeled_fraction: float = typer.Option(PartitionConfig.labeled_fraction, help="Few labels: share of each "
                                            "node's training images whose labels stay visible, per class, at least "
                                            "one per class present; the rest become its unlabelled part (labels "
@@ -137,6 +141,18 @@ def partition(
     site: Optional[str] = typer.Option(None, help="Keep one site of a multi-site source before an iid split "
                                        "(e.g. shenzhen)."),
     task: Task = typer.Option(PartitionConfig.task, help="isic2019 only: melanoma (binary, FedER) or multiclass (8)."),
+    retina_balanced: bool = typer.Option(PartitionConfig.retina_balanced, help="retinopathy only: the "
+                                         "generative-replay study's selection, --retina-per-class images of each "
+                                         "class drawn at random (the same images for every --seed and --ks); the "
+                                         "rest are counted as dropped. Default: every left-eye image of grade 0 "
+                                         "and 2-4."),
+    retina_per_class: int = typer.Option(PartitionConfig.retina_per_class, help="retinopathy only: the images of "
+                                         "each class --retina-balanced keeps (the study's 3000 training + 1500 "
+                                         "validation + 1500 test; the partition splits them)."),
+    retina_preprocess: Preprocess = typer.Option(PartitionConfig.retina_preprocess, help="retinopathy only: graham "
+                                                 "(Graham's: the eye's radius scaled to 300 px, the local average "
+                                                 "colour subtracted, the rim masked and cropped, as the study) or "
+                                                 "none; applied whenever an image is read."),
     positive_class: Optional[str] = typer.Option(None, help="A binary task's positive class, whose sensitivity "
                                                  "and specificity federate reports \\[default: the second class: the "
                                                  "finding of every built-in binary source].", show_default=False),
@@ -400,6 +416,11 @@ def federate(
                                                   "images cycled without replacement, whatever a node's size (FedVC; "
                                                   "FedPerl's 100) \\[default: one pass over them].",
                                                   show_default=False),
+    partial_batch: Optional[PartialBatch] = typer.Option(None, help="An epoch's last, partial batch for every "
+                                                         "strategy: keep (ceil(n/b) steps) or drop (floor(n/b), "
+                                                         "full batches only, the generative-replay study's) "
+                                                         "\\[default: each strategy's own: cwt, cwt-replay drop, "
+                                                         "the others keep].", show_default=False),
     participation: float = typer.Option(FederateConfig.participation, help="Averaging strategies: the share of the "
                                         "nodes that train in each round after round 0, round(share x nodes) of them "
                                         "(at least one), drawn per seed and round (FedPerl's 30%)."),

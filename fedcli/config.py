@@ -32,6 +32,7 @@ RECIPE_TABLES = (*STAGE_TABLES, "sweep", "select", "regime")  # the last three: 
 Source = Literal["digits", "tuberculosis", "isic2019", "medmnist", "folders", "csv", "retinopathy"]
 Scheme = Literal["source", "iid", "dirichlet", "site-shift", "skew"]
 Task = Literal["melanoma", "multiclass"]
+Preprocess = Literal["none", "graham"]  # how each image is prepared before resizing (data/graham.py)
 
 MAX_COUNT = 10**6  # iterations, steps, rounds, epochs, images: beyond any study run, below a typo's 1e20
 MAX_SEED = 2**63 - 1  # seeds are hashed into keyed streams (rng.py); any int64 works
@@ -41,6 +42,7 @@ MAX_FOLDS = 100
 # Every stage holds a node's images in memory as N x C x S x S uint8: 3 MiB per RGB image at 1024 px,
 # so 10,000 images already need 30 GiB (and the GAN's activations grow with S x S too).
 MAX_IMAGE_SIZE = 1024
+RETINA_PER_CLASS = 6000  # the generative-replay study's per class: 3000 training + 1500 validation + 1500 test
 BIT_DEPTHS = (8, 10, 12, 14, 16)  # --bit-depth: deeper-than-8-bit data's full scale is 2^N - 1 (data/pixelscale.py)
 
 
@@ -79,9 +81,10 @@ class Range:
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
 UNCHANGED_AT = {"ks": None, "train_size": None, "shared_fraction": 0.0, "labeled_fraction": 1.0, "validation_fraction": 0.0,
                 "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "communities": [], "ssl": "none", "labels": "visible",
-                "steps_per_round": None, "participation": 1.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
+                "steps_per_round": None, "partial_batch": None, "global_test": 0, "participation": 1.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
                 "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
-                "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4}
+                "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4,
+                "retina_balanced": False, "retina_per_class": RETINA_PER_CLASS, "retina_preprocess": "none"}
 
 
 def settled(values: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +118,7 @@ class PartitionConfig:
     alpha: float = ranged(0.5, 0, 1000, low_open=True)
     ks: float | None = ranged(None, 0, 1)
     shared_fraction: float = ranged(0.0, 0, 0.5)
+    global_test: int = ranged(0, 0, MAX_COUNT)  # a class-balanced test set set apart first (data/global_test.py)
     labeled_fraction: float = ranged(1.0, 0, 1, low_open=True, why="1: every training label visible")
     validation_fraction: float = ranged(0.0, 0, 0.5, high_open=True)
     labeled_nodes: tuple[str, ...] | None = None  # None: every node; ("none",): none (labels only held apart)
@@ -124,6 +128,9 @@ class PartitionConfig:
     # by group size (5 3 1 1)
     site: str | None = None
     task: Task = "melanoma"
+    retina_balanced: bool = False  # retinopathy: the study's selection, retina_per_class images of each class
+    retina_per_class: int = ranged(RETINA_PER_CLASS, 1, MAX_COUNT)
+    retina_preprocess: Preprocess = "none"
     positive_class: str | None = None  # a binary task's finding; default: the source's second class
     test_fraction: float = ranged(0.2, 0, 1, low_open=True, high_open=True)
     train_size: int | None = ranged(None, 2, MAX_COUNT)  # at most this many train images per node (a smaller site)
@@ -147,6 +154,7 @@ class PartitionConfig:
             raise UserError("--data-dir is not used by --source digits (built-in data); drop it")
         if self.source != "digits" and self.data_dir is None:
             raise UserError(f"--source {self.source} reads real data: pass --data-dir DIR")
+        check_retina(self)
         if self.scheme == "source" and self.nodes is not None:
             raise UserError("--nodes does not apply to --scheme source (one node per site); drop it")
         if self.scheme == "source" and self.site is not None:
@@ -166,6 +174,19 @@ class PartitionConfig:
                 raise UserError(f"--bit-depth must be auto or one of {', '.join(map(str, BIT_DEPTHS))}, "
                                 f"got {self.bit_depth!r}")
             object.__setattr__(self, "bit_depth", int(self.bit_depth))
+
+
+def check_retina(cfg: PartitionConfig) -> None:
+    """The retinopathy reader's options, refused where no reader would read them."""
+    given = [flag for flag, on in (("--retina-balanced", cfg.retina_balanced),
+                                   ("--retina-per-class", cfg.retina_per_class != RETINA_PER_CLASS),
+                                   ("--retina-preprocess", cfg.retina_preprocess != "none")) if on]
+    if given and cfg.source != "retinopathy":
+        raise UserError(f"{given[0]} applies to --source retinopathy only; drop it")
+    if "--retina-per-class" in given and not cfg.retina_balanced:
+        raise UserError("--retina-per-class is the count of --retina-balanced's selection; add --retina-balanced or "
+                        "drop it")
+
 
 def to_json(cfg) -> dict[str, Any]:
     """A resolved config as JSON values (paths as strings, tuples as lists), for config.json."""

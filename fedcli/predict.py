@@ -226,7 +226,7 @@ def decode(manifest: Manifest, path: Path) -> np.ndarray:
     """(C, S, S) uint8, as `fedcli.data.loading` makes a training image of this experiment's source."""
     size, channels = manifest["image_size"], manifest["channels"]
     if manifest["source"] not in ARRAY_SOURCES:
-        return decode_image(path, size, channels, manifest.scale)
+        return decode_image(path, size, channels, manifest.scale, manifest.data.get("preprocess", "none"))
     native = torch.tensor(native_pixels(path, manifest.scale))
     native = (native.float().div(255) if native.dtype == torch.uint8 else native).unsqueeze(0)
     images = to_channels(resize(native, size), channels)

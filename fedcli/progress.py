@@ -45,16 +45,20 @@ class ProgressBar:
 
 
 class StepProgress(ProgressBar):
-    """A long step without a count outside the bars (a buffer's fidelity score, FID's feature network), so
-    that a log off a terminal does not fall silent during it: a line when it starts (it has no first
-    advance to wait for; it runs after the stage's checks), every interval, and when it ends. A terminal
-    shows nothing, as before."""
+    """A long step outside the bars (a buffer's fidelity score, FID's feature network, a VQ-VAE-2's turn in the
+    serial chain), so that a log off a terminal does not fall silent during it: a line when it starts (it has
+    no first advance to wait for; it runs after the stage's checks), every interval, and when it ends. Without
+    `total` it has no count and a terminal shows nothing, as before; with `total` steps, each `advance` counts
+    one, its lines show the count, rate and time left, and a terminal draws its bar."""
 
     announce = True
 
-    def __init__(self, stage: str, description: str):
-        super().__init__(stage, "step", on_terminal=False)
-        self.progress.add_task(description, total=None)
+    def __init__(self, stage: str, description: str, total: int | None = None):
+        super().__init__(stage, "step", on_terminal=total is not None)
+        self.task = self.progress.add_task(description, total=total)
+
+    def advance(self, steps: int = 1) -> None:
+        self.progress.advance(self.task, steps)
 
 
 class PlainLines:

@@ -386,10 +386,10 @@ def test_a_crash_between_checkpoint_files_leaves_the_previous_round_intact(tmp_p
 
     checkpoint = Checkpoint(tmp_path, ["a", "b"])
     row = {"round": 1, "model_node": "a", "test_node": "a"}
-    checkpoint.save(1, {"a": {"w": torch.ones(2)}, "b": {"w": torch.zeros(2)}}, [row], [], {"k": 1})
+    checkpoint.save(1, {"a": {"w": torch.ones(2)}, "b": {"w": torch.zeros(2)}}, [row], [], {"k": 1}, [])
     save_tensors(tmp_path / "a" / "round-2.safetensors", {"a/w": torch.full((2,), 2.0)})  # then the crash
     assert checkpoint.rounds() == {1}
-    states, rows, _ = checkpoint.load(1, {"k": 1})
+    states, rows, _, _ = checkpoint.load(1, {"k": 1})
     assert torch.equal(states["a"]["w"], torch.ones(2)) and torch.equal(states["b"]["w"], torch.zeros(2))
     assert rows == [row]
 
@@ -402,12 +402,12 @@ def test_checkpoints_keep_two_rounds_and_resume_from_the_latest_every_node_holds
     for node in ("a", "b"):
         part = Checkpoint(tmp_path, ["a", "b"], local=[node])
         for round_ in range(3 if node == "b" else 4):
-            part.save(round_, {node: {"w": torch.full((1,), float(round_))}}, [], [], config)
+            part.save(round_, {node: {"w": torch.full((1,), float(round_))}}, [], [], config, [])
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
         "round-2.json", "round-2.safetensors", "round-3.json", "round-3.safetensors"]
     everyone = Checkpoint(tmp_path, ["a", "b"])
     assert everyone.rounds() == {2}
-    states, _, _ = everyone.load(2, config)
+    states, _, _, _ = everyone.load(2, config)
     assert states["a"]["w"].item() == 2.0 and states["b"]["w"].item() == 2.0
     with pytest.raises(CheckpointMismatch):
         everyone.load(2, {"k": 2})

@@ -18,7 +18,7 @@ import pytest
 
 from fedcli.config import METRIC_COLUMNS, ReportConfig
 from fedcli.fl.strategies import REGISTRY
-from fedcli.report import build, figures, study
+from fedcli.report import build, figures, skew_study, study
 from fedcli.report.collect import Stat, by_dp_setting, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.tables import gan_table
@@ -870,35 +870,78 @@ def test_the_paired_table_differences_strategies_on_the_same_resamples_of_each_t
     assert list(frame.index) == ["scaffold"] and frame.loc["scaffold", "seeds"] == 1
 
 
-def test_the_label_skew_table_and_figure_give_each_method_per_skew_level_over_seeds(tmp_path):
-    """Two KS levels, two seeds each: cwt's shared model and fedavg's, mean over nodes, then over seeds."""
-    scores = {(0.0, 0): (0.9, 0.7), (0.0, 1): (0.8, 0.6), (0.6, 0): (0.5, 0.7), (0.6, 1): (0.3, 0.5)}
+
+def skew_experiment(tmp_path, scores: dict) -> None:
+    """Sub-experiments at (ks, seed), each with cwt's and fedavg's shared models scoring `scores[(ks, seed)]`."""
     for (ks, seed), (cwt, fedavg) in scores.items():
         sub = tmp_path / "runs" / f"ks={ks}_seed={seed}"
         write_point(sub, ("partition", "ks", ks), ("partition", "seed", seed))
         write_manifest(sub, seed)
         manifest = json.loads((sub / "partition" / "manifest.json").read_text())
-        manifest |= {"ks": ks, "statistics": {"label_skew_js": 0.1, "label_skew_ks": ks + 0.01,
-                                              "label_skew_tv": ks + 0.01}}
+        manifest |= {"ks": ks, "statistics": {"label_skew_js": 0.1, "label_skew_ks": ks + 0.01, "label_skew_tv": ks + 0.01,
+                                              "test_label_skew_ks": 0.0, "test_label_skew_tv": 0.0}}
         write_json(sub / "partition" / "manifest.json", manifest)
         write_run(sub / "federate" / "cwt", "cwt", shared("global", {"n0": cwt, "n1": cwt}))
         write_run(sub / "federate" / "fedavg", "fedavg", shared("global", {"n0": fedavg - 0.1, "n1": fedavg + 0.1}))
+
+
+def test_the_label_skew_table_and_figure_give_each_method_per_skew_level_over_seeds(tmp_path):
+    """Two KS levels, two seeds each: cwt's shared model and fedavg's, mean over nodes, then over seeds."""
+    scores = {(0.0, 0): (0.9, 0.7), (0.0, 1): (0.8, 0.6), (0.6, 0): (0.5, 0.7), (0.6, 1): (0.3, 0.5)}
+    skew_experiment(tmp_path, scores)
     subs = load_experiment(tmp_path)
-    table = study.skew_table(subs, "accuracy")
-    assert list(table.frame.index) == ["KS 0", "KS 0.6"] and list(table.frame.columns) == ["reached", "cwt", "fedavg"]
+    table = skew_study.skew_table(subs, "accuracy")
+    assert list(table.frame.index) == ["KS 0", "KS 0.6"]
+    assert list(table.frame.columns) == ["reached (KS, training)", "test splits' KS", "cwt", "fedavg"]
     half = 12.706 * stdev([0.5, 0.3]) / 2 ** 0.5  # t(0.975, 1 degree of freedom) x the standard error
     assert table.frame.loc["KS 0.6", "cwt"] == f"0.400 [{0.4 - half:.3f}, {0.4 + half:.3f}]"
     assert table.frame.loc["KS 0", "fedavg"].startswith("0.650 [")
-    assert table.frame.loc["KS 0.6", "reached"].mean == pytest.approx(0.61)
+    assert table.frame.loc["KS 0.6", "reached (KS, training)"].mean == pytest.approx(0.61)
+    assert "own test set" in table.note
     assert figures.skew_figure(subs, "accuracy", tmp_path / "k.png")
     assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
     one_level = [s for s in subs if s.manifest["ks"] == 0.0]
-    assert isinstance(study.skew_table(one_level, "accuracy"), study.Missing)
+    assert isinstance(skew_study.skew_table(one_level, "accuracy"), study.Missing)
     for sub, source in zip(subs, ["codes", "buffers", "codes", "buffers"]):  # a replay method, per replay source
         write_run(sub.folder / "federate" / "cwt-replay", "cwt-replay", shared("global", {"n0": 0.5, "n1": 0.5}))
         config = json.loads((sub.folder / "federate" / "cwt-replay" / "config.json").read_text())
         config["config"]["replay_source"] = source
         write_json(sub.folder / "federate" / "cwt-replay" / "config.json", config)
-    table = study.skew_table(load_experiment(tmp_path), "accuracy")
+    table = skew_study.skew_table(load_experiment(tmp_path), "accuracy")
     assert {"cwt-replay [codes]", "cwt-replay [buffers]"} <= set(table.frame.columns)
     assert not figures.skew_figure(one_level, "accuracy", tmp_path / "none.png")
+
+
+def global_rows(folder: Path, strategy: str, scores: dict[str, float]) -> None:
+    """global_test.csv: each model's final (round 2) accuracy on the global test set."""
+    pd.DataFrame([{"round": 2, "strategy": strategy, "model_node": key, "test_node": "global-test", "n_test": 40,
+                   "accuracy": value} for key, value in scores.items()]).to_csv(folder / "global_test.csv", index=False)
+
+
+def test_the_skew_tables_read_the_global_test_set_pair_by_seed_and_count_the_budget(tmp_path):
+    scores = {(0.0, 0): (0.9, 0.7), (0.0, 1): (0.8, 0.6), (0.6, 0): (0.5, 0.7), (0.6, 1): (0.3, 0.5)}
+    skew_experiment(tmp_path, scores)
+    replay = {(0.0, 0): 0.95, (0.0, 1): 0.8, (0.6, 0): 0.6, (0.6, 1): 0.5}
+    for (ks, seed), (cwt, fedavg) in scores.items():
+        sub = tmp_path / "runs" / f"ks={ks}_seed={seed}"
+        write_run(sub / "federate" / "cwt-replay", "cwt-replay", shared("global", {"n0": 0.1, "n1": 0.1}))
+        global_rows(sub / "federate" / "cwt", "cwt", {"global": cwt - 0.2})
+        global_rows(sub / "federate" / "fedavg", "fedavg", {"global": fedavg - 0.2})
+        global_rows(sub / "federate" / "cwt-replay", "cwt-replay", {"global": replay[ks, seed]})
+        for name, steps, replayed in (("cwt", 3, 0), ("cwt-replay", 3, 96)):
+            pd.DataFrame([{"round": r, "key": node, "steps": steps, "real": 96, "replayed": replayed}
+                          for r in (0, 1) for node in ("n0", "n1")]).to_csv(sub / "federate" / name / "budget.csv",
+                                                                           index=False)
+    subs = load_experiment(tmp_path)
+    table = skew_study.skew_table(subs, "accuracy")
+    assert table.frame.loc["KS 0.6", "cwt"].startswith("0.200 [")  # the global test set's, not the own-site 0.400
+    assert "global test set" in table.note
+    paired = skew_study.paired_table(subs, "accuracy").frame
+    half = 12.706 * stdev([0.6 - 0.3, 0.5 - 0.1]) / 2 ** 0.5
+    assert paired.loc["KS 0.6: cwt-replay", "minus cwt"] == f"0.350 [{0.35 - half:.3f}, {0.35 + half:.3f}]"
+    assert paired.loc["KS 0: cwt-replay", "minus fedavg"].startswith(f"{(0.95 - 0.5 + 0.8 - 0.4) / 2:.3f} [")
+    assert paired.loc["KS 0: cwt-replay", "minus central"] == "-"  # no central run to pair with
+    budget = skew_study.budget_table(subs).frame
+    assert budget.loc["cwt", "steps/node/round (rounds >= 1)"].mean == 3
+    assert budget.loc["cwt-replay", "replayed images seen/node"].mean == 192
+    assert budget.loc["cwt", "replayed images seen/node"].mean == 0

@@ -74,8 +74,8 @@ def test_rounding_keeps_every_node_size_and_class_total():
 
 
 def test_skew_options_are_checked_as_one_line_each(cli, tmp_path):
-    too_far = cli.user_error("partition", "--exp", tmp_path / "a", "--scheme", "skew", "--ks", "0.95", "--nodes", "4")
-    assert "--ks 0.95 is beyond" in too_far and "total variation" in too_far
+    too_far = cli.user_error("partition", "--exp", tmp_path / "a", "--scheme", "skew", "--ks", "0.99", "--nodes", "4")
+    assert "--ks 0.99 is beyond the most skewed training splits" in too_far and "total variation 0.94" in too_far
     assert "needs --ks" in cli.user_error("partition", "--exp", tmp_path / "b", "--scheme", "skew")
     assert "only to --scheme skew" in cli.user_error("partition", "--exp", tmp_path / "c", "--ks", "0.3")
     assert "--ks" in cli.user_error("partition", "--exp", tmp_path / "d", "--scheme", "skew", "--ks", "1.5")

@@ -4,6 +4,7 @@ Algorithm 1 (what each institution sees, the final decoder, resuming), and cwt-r
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pandas as pd
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from conftest import copy_exp
+from fedcli import progress
 from fedcli.artifacts import load_tensors
 from fedcli.config import GAN_ENGINE_OPTIONS
 from fedcli.data.dataset import NodeDataset, to_float
@@ -25,6 +27,7 @@ from fedcli.vqvae.codec import load_codec
 from fedcli.vqvae.networks import VqArchitecture, VqVae2, encode_all, loss
 from fedcli.vqvae.quantizer import Quantizer, perplexity
 
+STAMP = re.compile(r"^\d\d:\d\d:\d\d ")  # a plain progress line's time
 TINY_VQ = ["--generator", "vqvae2", "--iterations", "120", "--batch", "16", "--vq-channels", "32", "--vq-codebook",
            "32", "--vq-dim", "16", "--buffer-size", "24", "--fidelity-seeds", "0", "--threads", "1"]
 FED = ["--rounds", "1", "--epochs", "1", "--init-epochs", "0", "--batch", "64", "--bootstrap", "10", "--threads", "1"]
@@ -114,8 +117,28 @@ def chain(tmp_path_factory):
     original = vqvae2.train_vqvae
 
     def recording(model, images, cfg, stream, device, log):
-        seen.append({"images": images.clone(), "received": {k: v.clone() for k, v in model.state_dict().items()}})
-        original(model, images, cfg, stream, device, log)
+        seen.append({"images": images.clone(), "received": {k: v.clone() for k, v in model.state_dict().items()},
+                     "steps": []})
+        calls = {"encoder": 0, "decoder": 0, "images": 0}  # the networks' calls within the current step
+
+        def counting(part):
+            def hook(module, inputs, output):
+                calls[part] += 1
+                calls["images"] += len(inputs[0]) if part == "decoder" else 0
+            return hook
+
+        def step(row):  # log is called once a step, after it
+            seen[-1]["steps"].append(dict(calls))
+            calls.update(encoder=0, decoder=0, images=0)
+            log(row)
+
+        hooks = [model.enc_b.register_forward_hook(counting("encoder")),
+                 model.dec.register_forward_hook(counting("decoder"))]
+        try:
+            original(model, images, cfg, stream, device, step)
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     vqvae2.train_vqvae = recording
     try:
@@ -145,6 +168,17 @@ def test_each_institution_trains_on_its_images_and_the_decodings_of_exactly_the_
             assert ((replayed - earlier) ** 2).mean() < ((earlier.mean(0) - earlier) ** 2).mean()
 
 
+def test_a_step_costs_the_same_at_every_position_in_the_chain(chain):
+    """Each step encodes and decodes one batch, whatever the institution's position: the earlier codes are decoded
+    once before its turn (and re-encoded once after it), not at every step, so the last node's turn costs what the
+    first's does at equal --iterations and --batch (issue 54: the fourth of four had seemed 30x slower)."""
+    _, seen = chain
+    iterations, batch = (int(TINY_VQ[TINY_VQ.index(option) + 1]) for option in ("--iterations", "--batch"))
+    assert len(seen) == 3 and len(seen[-1]["images"]) > 2 * len(seen[0]["images"])  # the last holds far more
+    for visit in seen:
+        assert visit["steps"] == [{"encoder": 1, "decoder": 1, "images": batch}] * iterations
+
+
 def test_the_final_decoder_reproduces_the_image_of_every_shared_code(chain):
     exp, seen = chain
     manifest = Manifest.load(exp)
@@ -161,6 +195,30 @@ def test_the_final_decoder_reproduces_the_image_of_every_shared_code(chain):
         # the stated tolerance: within half the error of the images' own mean image
         assert ((decoded - stood_for) ** 2).mean() < ((stood_for.mean(0) - stood_for) ** 2).mean() / 2
     assert start == len(last)
+
+
+def test_every_turn_and_prior_shows_its_step_count_and_time_left(chain, tmp_path, cli, monkeypatch):
+    """Off a terminal each turn of the chain and each node's prior writes lines with its count out of its
+    steps: a line when it starts, one every interval with the rate and the time left, and one when it ends."""
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)  # a line at every poll of the line writer
+    monkeypatch.setattr(progress, "POLL_S", 0.01)
+    exp, steps = copy_exp(chain[0], tmp_path), 20
+    err = cli.ok("train-gan", "--exp", exp, "--overwrite", "--generator", "vqvae2", "--iterations", steps, "--batch",
+                 "8", "--vq-channels", "8", "--vq-codebook", "8", "--vq-dim", "4", "--prior-iterations", steps,
+                 "--prior-channels", "4", "--prior-layers", "1", "--buffer-size", "10", "--fidelity-seeds", "0",
+                 "--threads", "1").stderr
+    lines = [STAMP.sub("", line) for line in err.splitlines() if STAMP.match(line)]
+    nodes = Manifest.load(exp).node_names
+    tasks = [f"{node} VQ-VAE-2 ({k + 1} of 3)" for k, node in enumerate(nodes)] + [f"{n} prior" for n in nodes]
+    for task in tasks:
+        mine = [line.removeprefix(f"train-gan {task}: ") for line in lines if line.startswith(f"train-gan {task}: ")]
+        assert mine[0] == f"0/{steps}, elapsed 0:00:00" and mine[-1].startswith(f"{steps}/{steps}, ")
+        assert "done in" in mine[-1]
+        counts = [int(line.split("/")[0]) for line in mine]
+        assert counts == sorted(counts)
+        running = [line for line, count in zip(mine[:-1], counts) if count >= 2]  # a rate from two steps on
+        assert all(", eta " in line and ", elapsed " in line for line in running), running
+    assert any(", eta " in line for line in lines)
 
 
 def interrupted(exp, tmp_path, monkeypatch, at: int):

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcli.data import dicom
+from fedcli.data.graham import graham
 from fedcli.data.pixelscale import DICOM, EIGHT_BIT, Pixels, Scale, deep_pixels
 from fedcli.errors import UserError
 
@@ -180,11 +181,14 @@ def channels_first(array: np.ndarray) -> np.ndarray:
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
 
-def decode_image(path: Path, size: int, channels: int, scale: Scale) -> np.ndarray:
-    """Decode one file to a (C, size, size) uint8 array (anti-aliased resize, square)."""
+def decode_image(path: Path, size: int, channels: int, scale: Scale, preprocess: str = "none") -> np.ndarray:
+    """Decode one file to a (C, size, size) uint8 array (anti-aliased resize, square); `preprocess` graham
+    prepares the file at its own size first (`graham`), as the partition's manifest says."""
     from PIL import Image
 
     image = displayed(path, channels == 1, scale)
+    if preprocess == "graham":
+        image = Image.fromarray(graham(np.asarray(image)))
     if image.size != (size, size):
         image = image.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0)
     array = np.asarray(image)

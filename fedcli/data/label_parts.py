@@ -44,6 +44,12 @@ def node_labels(node: dict, hidden: dict[str, list[int]]) -> list[int]:
         hidden.get(node["name"], [])
 
 
+def training_labels(node: dict, hidden: dict[str, list[int]]) -> list[int]:
+    """The labels of the images a node trains on: its labelled part and, `hidden`, its unlabelled part's (not
+    its validation or test parts): where label skew is measured."""
+    return [r["label"] for r in node.get(LABELED, [])] + hidden.get(node["name"], [])
+
+
 def training_count(node: dict) -> int:
     """A node's training images in every part (labelled, unlabelled, validation)."""
     return sum(len(node.get(part, [])) for part in (LABELED, UNLABELED, VALIDATION))

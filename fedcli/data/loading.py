@@ -65,17 +65,19 @@ def decode_chunk(manifest: Manifest, records: list[dict]) -> torch.Tensor:
         raw = torch.from_numpy(array).float().div(255)
         raw = raw.unsqueeze(1) if raw.ndim == 3 else raw.permute(0, 3, 1, 2)
     else:
-        root, scale = manifest.root, manifest.scale
+        root, scale, preprocess = manifest.root, manifest.scale, manifest.data.get("preprocess", "none")
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            arrays = list(pool.map(lambda r: decode_image(root / r["path"], size, channels, scale), records))
+            arrays = list(pool.map(lambda r: decode_image(root / r["path"], size, channels, scale, preprocess),
+                                   records))
         return torch.from_numpy(np.stack(arrays)).float().div(255)
     return to_channels(resize(raw, size), channels)
 
 
-def load_images(manifest: Manifest, node: str, records: list[dict]) -> torch.Tensor:
-    """uint8 images (N, C, S, S) of a node's records, its scanner transform applied."""
+def load_images(manifest: Manifest, node: str | None, records: list[dict]) -> torch.Tensor:
+    """uint8 images (N, C, S, S) of a node's records, its scanner transform applied; `node` None: records of no
+    node (the global test set), as the data holds them."""
     size, channels = manifest["image_size"], manifest["channels"]
-    spec = manifest.node(node).get("acquisition")
+    spec = manifest.node(node).get("acquisition") if node is not None else None
     out = torch.empty((len(records), channels, size, size), dtype=torch.uint8)
     for start in range(0, len(records), CHUNK):
         chunk = records[start:start + CHUNK]

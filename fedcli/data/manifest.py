@@ -3,7 +3,8 @@
 Schema `fedcli.manifest/1`:
   source, scheme, seed, image_size, channels, label_names, augment, data_root, data_file,
   test_fraction, folds, dropped, statistics, content_hash, bit_depth and value_range (the pixel scale of
-  files deeper than 8 bits, data/pixelscale.py; absent in manifests written before it),
+  files deeper than 8 bits, data/pixelscale.py; absent in manifests written before it), preprocess (graham:
+  every file is read through data/graham.py; absent: none),
   nodes: [{name, site, acquisition, train: [record], test: [record]}]
   record: {id, label, fold (train only), and path (relative to data_root) or index; group; nbytes}
 
@@ -50,6 +51,11 @@ def check_content(data: dict[str, Any], path: Path) -> None:
     for node in nodes:
         check_name("site", node.get("site"), str(path))
     check_names("class", names, str(path))
+    global_test = data.get("global_test", [])
+    if not isinstance(global_test, list) or not all(isinstance(r, dict) and type(r.get("label")) is int
+                                                    and 0 <= r["label"] < len(names) for r in global_test):
+        raise UserError(f"{path}: the global test set is not a list of records with class indices 0..{len(names) - 1}; "
+                        "re-run fedcli partition")
     folds = data.get("folds")
     for node in nodes:
         for split in SPLITS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from collections.abc import Collection
@@ -9,13 +10,13 @@ from pathlib import Path
 
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.config import PartitionConfig, to_json
-from fedcli.data import acquisition, label_parts, pixelscale, schemes, shared_set
+from fedcli.data import acquisition, global_test, label_parts, pixelscale, schemes, shared_set
 from fedcli.data.manifest import SCHEMA, Manifest, content_hash
 from fedcli.data.node_manifest import node_view
 from fedcli.data.records import Sample, SourceData
 from fedcli.data.sources import read_source
 from fedcli.data.splits import NodeError, split_node
-from fedcli.data.summary import skew_statistics, summary_frame, write_summary_png
+from fedcli.data.summary import skew_of, skew_statistics, summary_frame, write_summary_png
 from fedcli.devices import with_threads
 from fedcli.errors import UserError
 from fedcli.layout import HIDDEN_LABELS, inside, partition_dir
@@ -52,7 +53,7 @@ def build_nodes(cfg: PartitionConfig, source: SourceData, scheme: str, samples: 
     elif scheme in ("iid", "site-shift"):
         draws = [schemes.iid(samples, cfg.nodes, cfg.seed)]
     elif scheme == "skew":
-        draws = [schemes.skew(samples, cfg.nodes, cfg.ks, cfg.seed)]
+        return skew_nodes(cfg, source, samples)
     else:
         draws = (schemes.dirichlet(samples, cfg.nodes, cfg.alpha, cfg.seed, a) for a in range(DIRICHLET_DRAWS))
     error: NodeError | None = None
@@ -61,11 +62,60 @@ def build_nodes(cfg: PartitionConfig, source: SourceData, scheme: str, samples: 
             return [node_entry(cfg, scheme, i, name, members, names) for i, (name, members) in enumerate(assignment)]
         except NodeError as exc:
             error = exc
-    if scheme == "skew":
-        raise UserError(f"--ks {cfg.ks} leaves a node that cannot be tested (each node needs two classes with two or "
-                        "more images); lower --ks or use fewer --nodes") from error
     raise UserError(f"{error} (every one of {DIRICHLET_DRAWS} Dirichlet draws with --alpha {cfg.alpha} "
                     f"left such a node)") if scheme == "dirichlet" else error
+
+
+SKEW_SEARCH_STEPS = 24  # bisection halvings of the assignment's target: far below one image's effect on the skew
+SKEW_CLOSE_ENOUGH = 5e-4  # the search stops once the training splits are this near --ks
+
+
+def skew_nodes(cfg: PartitionConfig, source: SourceData, samples: list[Sample]) -> list[dict]:
+    """--scheme skew: nodes whose training splits reach --ks. Each node's class-balanced test set and the shared
+    set leave a training mix more skewed than the one assigned, so the assignment's own target is searched by
+    bisection (the training skew grows with it) for the one whose training splits come nearest --ks."""
+    names = source.label_names
+
+    def built(target: float) -> list[dict]:
+        assignment = schemes.skew(samples, cfg.nodes, target, cfg.seed)
+        return [node_entry(cfg, "skew", i, name, members, names) for i, (name, members) in enumerate(assignment)]
+
+    def reached(nodes: list[dict]) -> float:
+        trial = copy.deepcopy(nodes)
+        if cfg.shared_fraction:
+            shared_set.set_apart(trial, cfg.shared_fraction, names, cfg.seed)
+        return skew_of([[r["label"] for r in node["train"]] for node in trial], len(names))["label_skew_tv"]
+
+    def attempt(target: float) -> tuple[list[dict], float] | None:
+        try:
+            nodes = built(target)
+        except NodeError:
+            return None
+        return nodes, reached(nodes)
+
+    best = attempt(0.0) if cfg.ks == 0 else None
+    low, high = 0.0, schemes.most_skew(samples, cfg.nodes)
+    untestable = False  # some assignment left a node without two testable classes
+    for _ in range(0 if best else SKEW_SEARCH_STEPS):
+        middle = (low + high) / 2
+        found = attempt(middle)
+        untestable |= found is None
+        if found is not None and (best is None or abs(found[1] - cfg.ks) < abs(best[1] - cfg.ks)):
+            best = found
+        if found is None or found[1] > cfg.ks:
+            high = middle
+        else:
+            low = middle
+        if best is not None and abs(best[1] - cfg.ks) < SKEW_CLOSE_ENOUGH:
+            break
+    if best is None or best[1] < cfg.ks - SKEW_TOLERANCE:
+        if untestable or best is None:
+            raise UserError(f"--ks {cfg.ks} leaves a node that cannot be tested (each node needs two classes with two "
+                            "or more images); lower --ks or use fewer --nodes")
+        measure = "KS" if len(names) == 2 else "total variation"
+        raise UserError(f"--ks {cfg.ks} is beyond the most skewed training splits this scheme makes of this data into "
+                        f"{cfg.nodes} equal nodes (mean pairwise {measure} {best[1]:.3f}); lower --ks or change --nodes")
+    return best[0]
 
 
 def check_communities(cfg: PartitionConfig) -> None:
@@ -104,6 +154,8 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
     source = read_source(cfg)
     check_source_names(source, cfg)
     samples = restrict_to_site(source, cfg.site)
+    held_out, samples = global_test.set_apart(samples, cfg.global_test, source.label_names) if cfg.global_test \
+        else ([], samples)
     kept_files = {s.path: source.pixels[s.path] for s in samples if s.path in source.pixels}
     scale = pixelscale.decide(cfg.bit_depth, kept_files, source.root)  # one scale for every later decode
     scheme = cfg.scheme or source.default_scheme
@@ -139,14 +191,16 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
         "data_file": source.data_file,
         "site": cfg.site,
         "task": cfg.task if source.name == "isic2019" else None,
+        **({"preprocess": cfg.retina_preprocess} if cfg.retina_preprocess != "none" else {}),
         "test_fraction": cfg.test_fraction,
         **({"train_size": cfg.train_size} if cfg.train_size is not None else {}),
         "folds": cfg.folds,
         "alpha": cfg.alpha if scheme == "dirichlet" else None,
-        **({"ks": cfg.ks} if scheme == "skew" else {}),
+        **({"ks": cfg.ks, "skew_measured_on": SKEW_MEASURED_ON} if scheme == "skew" else {}),
         **({"shared_fraction": cfg.shared_fraction} if cfg.shared_fraction else {}),
         **({"labels": labels} if labels else {}),
         "dropped": source.dropped,
+        **({"global_test": [s.record() for s in held_out]} if held_out else {}),
         "nodes": nodes,
         "positive_class": positive_class(cfg, source.label_names),
         **scale.manifest_fields(),
@@ -166,13 +220,21 @@ def semi_supervised(cfg: PartitionConfig) -> bool:
 
 
 SKEW_TOLERANCE = 0.02
+SKEW_MEASURED_ON = "training splits"  # since issue 54; before, every split of a node, its test split included
+
+
+def rules_of(cfg: PartitionConfig) -> dict[str, str]:
+    """What decides a partition beside its options: the rule --ks is met by, so that a `fedcli run` remakes a
+    skew partition made by the earlier rule instead of reusing it."""
+    return {"skew_measured_on": SKEW_MEASURED_ON} if cfg.scheme == "skew" else {}
 
 
 def check_skew_reached(cfg: PartitionConfig, statistics: dict) -> None:
-    """Nodes are counted in patient groups; groups of several images can move the reached skew off target."""
+    """The training splits' skew against --ks: nodes are counted in patient groups, and groups of several images,
+    the test sets or the most skewed split this data allows can keep it off target."""
     if cfg.scheme == "skew" and abs(statistics["label_skew_tv"] - cfg.ks) > SKEW_TOLERANCE:
-        raise UserError(f"--ks {cfg.ks}: the nodes' groups reach {statistics['label_skew_tv']:.3f}, not within "
-                        f"{SKEW_TOLERANCE} of it; use fewer --nodes or more data")
+        raise UserError(f"--ks {cfg.ks}: the nodes' training splits reach {statistics['label_skew_tv']:.3f}, not "
+                        f"within {SKEW_TOLERANCE} of it; use fewer --nodes or more data")
 
 
 def positive_class(cfg: PartitionConfig, names: list[str]) -> str | None:

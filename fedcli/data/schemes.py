@@ -87,6 +87,14 @@ def dirichlet(samples: list[Sample], n: int, alpha: float, seed: int, attempt: i
     return owned_nodes(owner, keys, groups, n)
 
 
+def most_skew(samples: list[Sample], n: int) -> float:
+    """The largest mean pairwise skew `skew` can assign these samples' groups over n nodes."""
+    from fedcli.data.target_skew import most_skew as most
+
+    _, _, labels = group_labels(samples)
+    return most(np.array([(labels == c).sum() for c in np.unique(labels)]), n)
+
+
 def skew(samples: list[Sample], n: int, target: float, seed: int) -> list[tuple[str, list[Sample]]]:
     """Equal-sized nodes at mean pairwise label skew `target` (KS for two classes, total variation for
     more), counted in groups by their majority label; which groups of a class go where is keyed by seed."""

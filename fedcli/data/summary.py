@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from fedcli.data import acquisition
-from fedcli.data.label_parts import HELD_APART, UNLABELED, VALIDATION, node_labels, training_count
+from fedcli.data.label_parts import HELD_APART, UNLABELED, VALIDATION, node_labels, training_count, training_labels
 from fedcli.data.manifest import Manifest
 from fedcli.data.skew import label_distributions, mean_pairwise_js, mean_pairwise_ks, mean_pairwise_tv
 from fedcli.plotting import pyplot
@@ -42,11 +42,18 @@ def summary_frame(manifest: Manifest) -> pd.DataFrame:
 
 
 def skew_statistics(manifest: Manifest) -> dict[str, float | None]:
-    """Label skew across nodes: mean pairwise JS and total variation distances; KS statistic for binary
-    tasks (equal to total variation there)."""
+    """Label skew across nodes over the images they train on (data/label_parts.py `training_labels`): mean
+    pairwise JS and total variation distances, the KS statistic for binary tasks (equal to total variation
+    there); and, named `test_`, the same of the nodes' own test splits."""
     n_classes = manifest.num_classes
-    counts = np.stack([label_counts(node_labels(n, manifest.hidden), n_classes) for n in manifest["nodes"]])
-    dists = label_distributions(counts)
+    train = skew_of([training_labels(n, manifest.hidden) for n in manifest["nodes"]], n_classes)
+    test = skew_of([[r["label"] for r in n["test"]] for n in manifest["nodes"]], n_classes)
+    return train | {f"test_{k}": v for k, v in test.items() if k != "label_skew_js"}
+
+
+def skew_of(labels: list[list[int]], n_classes: int) -> dict[str, float | None]:
+    """Mean pairwise JS, total variation and (two classes) KS of the nodes' label lists."""
+    dists = label_distributions(np.stack([label_counts(y, n_classes) for y in labels]))
     return {"label_skew_js": round(mean_pairwise_js(dists), 6), "label_skew_tv": round(mean_pairwise_tv(dists), 6),
             "label_skew_ks": round(mean_pairwise_ks(dists), 6) if n_classes == 2 else None}
 
@@ -70,12 +77,16 @@ def node_rows(manifest: Manifest) -> list[dict]:
 def partition_table(manifest: Manifest):
     from rich.table import Table
 
-    stats = manifest.data.get("statistics") or skew_statistics(manifest)
-    caption = f"label skew: mean pairwise Jensen-Shannon distance {stats['label_skew_js']:.3f}"
-    if stats.get("label_skew_ks") is not None:
-        caption += f", Kolmogorov-Smirnov {stats['label_skew_ks']:.3f}"
-    elif stats.get("label_skew_tv") is not None:  # manifests before the skew scheme have none
-        caption += f", total variation {stats['label_skew_tv']:.3f}"
+    recorded = manifest.data.get("statistics") or {}
+    stats = recorded if "test_label_skew_tv" in recorded else skew_statistics(manifest)  # older: over every split
+    caption = f"label skew of the training splits: mean pairwise Jensen-Shannon distance {stats['label_skew_js']:.3f}"
+    measure = ("Kolmogorov-Smirnov", "label_skew_ks") if stats["label_skew_ks"] is not None else \
+        ("total variation", "label_skew_tv")
+    caption += f", {measure[0]} {stats[measure[1]]:.3f} (the test splits': {stats['test_' + measure[1]]:.3f})"
+    global_test = manifest.data.get("global_test")
+    if global_test:
+        caption += (f"; a global test set of {len(global_test)} images ({len(global_test) // manifest.num_classes} "
+                    "per class) set apart before the nodes, held by every node for evaluation only")
     shared = sum(len(node.get("shared", [])) for node in manifest["nodes"])
     if shared:
         caption += (f"; a shared set of {shared} images ({shared // manifest.num_classes} per class) set apart from "

@@ -1,8 +1,8 @@
 """Checkpoints of the last completed rounds, one part per node, readable by either engine.
 
 `<work>/<node>/round-<r>.safetensors` holds the models that node keeps (its own model, the global
-model, its BatchNorm state) and `round-<r>.json` the metrics rows of its test set and the transfers
-it sent, up to round r. A distributed rank writes only its node's part; the in-process engine writes
+model, its BatchNorm state) and `round-<r>.json` the metrics rows of its test set (and of its model on the
+global test set), the transfers it sent and the cost of its training calls, up to round r. A distributed rank writes only its node's part; the in-process engine writes
 every part, so a run started by one engine can be resumed by the other. The two latest rounds are
 kept, because nodes on separate machines may stop one round apart; a resume starts from the latest
 round that every node still has readable, so a newest round damaged on disk (truncated, not valid
@@ -55,17 +55,22 @@ class Checkpoint:
         return self.local if self.local is not None else self.nodes
 
     def save(self, round_: int, states: dict[str, dict[str, torch.Tensor]], rows: list[dict],
-             transfers: list[Transfer], config: dict) -> None:
-        """Each part's models go to their own file first; its JSON, which completes the round, last."""
+             transfers: list[Transfer], config: dict, spent: list[dict]) -> None:
+        """Each part's models go to their own file first; its JSON, which completes the round, last. `spent`:
+        the training calls' costs so far (LocalTrainer.spent)."""
         def empty() -> dict:
-            return {"states": {}, "rows": [], "transfers": []}
+            return {"states": {}, "rows": [], "transfers": [], "spent": []}
         # every node's part is written, also one with nothing in it
-        parts = defaultdict(empty, {node: empty() for node in (self.local if self.local is not None else self.nodes)})
+        local = self.local if self.local is not None else self.nodes
+        parts = defaultdict(empty, {node: empty() for node in local})
         for key, state in states.items():
             for owner in self._owners(key):
                 parts[owner]["states"][key] = state
-        for row in rows:
-            parts[row["test_node"]]["rows"].append(row)
+        for row in rows:  # a global test row is held by the node whose model it scores, a shared model's by the first
+            owner = row["test_node"] if row["test_node"] in self.nodes else row["model_node"]
+            parts[owner if owner in self.nodes else local[0]]["rows"].append(row)
+        for row in spent:
+            parts[row["key"] if row["key"] in self.nodes else local[0]]["spent"].append(row)
         for transfer in transfers:
             parts[transfer.sender if transfer.sender in self.nodes else transfer.receiver]["transfers"].append(
                 transfer.__dict__)
@@ -75,7 +80,7 @@ class Checkpoint:
                     for name, tensor in state.items()}
             save_tensors(folder / f"round-{round_}.safetensors", flat)
             write_json(folder / f"round-{round_}.json", {"round": round_, "config": config, "rows": part["rows"],
-                                                         "transfers": part["transfers"]})
+                                                         "transfers": part["transfers"], "spent": part["spent"]})
             for old in folder.glob("round-*.*"):
                 if round_of(old) <= round_ - KEEP:
                     old.unlink()
@@ -112,9 +117,10 @@ class Checkpoint:
                               soft_wrap=True)
         return start
 
-    def load(self, round_: int, config: dict) -> tuple[dict[str, dict[str, torch.Tensor]], list[dict], list[Transfer]]:
+    def load(self, round_: int, config: dict
+             ) -> tuple[dict[str, dict[str, torch.Tensor]], list[dict], list[Transfer], list[dict]]:
         states: dict[str, dict[str, torch.Tensor]] = {}
-        rows, transfers = [], []
+        rows, transfers, spent = [], [], []
         for part in self._parts():
             progress = progress_of(part, round_)
             if progress is None:
@@ -128,7 +134,8 @@ class Checkpoint:
                 states.setdefault(key, {})[tensor_name] = tensor
             rows += progress["rows"]
             transfers += [Transfer(**t) for t in progress["transfers"]]
-        return states, rows, transfers
+            spent += progress["spent"]
+        return states, rows, transfers, spent
 
     def truncate(self, round_: int) -> None:
         """Drop this process's rounds after `round_`, the round a resume restarts from: a node that got
@@ -148,7 +155,7 @@ def round_of(path: Path) -> int:
     return int(path.name.split(".")[0].removeprefix("round-"))
 
 
-PROGRESS_KEYS = {"round", "config", "rows", "transfers"}
+PROGRESS_KEYS = {"round", "config", "rows", "transfers", "spent"}
 
 
 def progress_of(part: Path, round_: int) -> dict | None:

@@ -23,7 +23,7 @@ from fedcli.fl.federate_config import FederateConfig, semi_supervised
 from fedcli.vqvae.codec import load_codec
 from fedcli.fl.node_data import NodeData, NodeImages
 from fedcli.fl.strategies import EVAL, REGISTRY, Strategy
-from fedcli.fl.strategies.base import ENSEMBLE
+from fedcli.fl.strategies.base import ENSEMBLE, GLOBAL_TEST
 from fedcli.fl.fixmatch import FixMatchSettings
 from fedcli.fl.trainer import Budget, LocalTrainer, Semi
 from fedcli.fl.transport import EVERYONE, InProcessTransport, Transfer, Transport
@@ -90,7 +90,8 @@ def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, name: str | Non
     budget = Budget(epochs=cfg.epochs, init_epochs=cfg.init_epochs_resolved, rounds=cfg.rounds, lr=cfg.lr,
                     batch=cfg.batch, node_batch=cfg.batch_sizes(), lr_schedule=cfg.lr_schedule,
                     lr_step_epochs=cfg.lr_step_epochs, lr_step_factor=cfg.lr_step_factor, optimizer=cfg.optimizer,
-                    sgd_momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay, epoch_steps=cfg.steps_per_round)
+                    sgd_momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay, epoch_steps=cfg.steps_per_round,
+                    partial_batch=cfg.partial_batch)
     fixmatch = semi_supervised({"ssl": cfg.ssl, "strategy": name or cfg.strategy[0]})
     semi = Semi(FixMatchSettings(cfg.confidence, cfg.lambda_u), cfg.unlabeled_ratio) if fixmatch else None
     trainer = LocalTrainer(data, budget, seed, device, cfg.model, cfg.pretrained, cfg.model_weights, semi)
@@ -105,8 +106,15 @@ def row_order(nodes: list[str]) -> Callable[[dict], tuple]:
     """Metrics rows by round, model (nodes, then shared models, then the ensemble) and test node: one
     order for every engine, whatever order the rows were computed or gathered in."""
     keys = {key: i for i, key in enumerate([*nodes, *REGISTRY.shared_model_keys(), ENSEMBLE])}
-    index = {node: i for i, node in enumerate(nodes)}
+    index = {node: i for i, node in enumerate([*nodes, GLOBAL_TEST])}
     return lambda row: (row["round"], keys[row["model_node"]], index[row["test_node"]])
+
+
+def spent_order(nodes: list[str]) -> Callable[[dict], tuple]:
+    """Training calls by round and the key that trained (nodes, then shared models); a key's calls of a round
+    keep the order they were made in (sorting is stable)."""
+    keys = {key: i for i, key in enumerate([*nodes, *REGISTRY.shared_model_keys()])}
+    return lambda row: (row["round"], keys.get(row["key"], len(keys)))
 
 
 def transfer_order(nodes: list[str]) -> Callable[[Transfer], tuple]:
@@ -128,13 +136,13 @@ class RoundEnd:
 
 def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int, checkpoint: Checkpoint,
                config: dict, resume: bool, after_round: Callable[[RoundEnd], None] | None = None
-               ) -> tuple[list[dict], list[Transfer]]:
+               ) -> tuple[list[dict], list[Transfer], list[dict]]:
     """Rounds 0..R with evaluation every `eval_every` rounds and at the end; resumable. Returns this
-    process's rows and transfers (every node's, gathered, on a distributed run); `after_round` hears of
-    each round once every node has checkpointed it."""
+    process's rows, transfers and training calls' costs (LocalTrainer.spent; every node's, gathered, on a
+    distributed run); `after_round` hears of each round once every node has checkpointed it."""
     done = resume_round(fed, checkpoint) if resume else None
     if done is not None:
-        states, rows, transfers = checkpoint.load(done, config)
+        states, rows, transfers, fed.trainer.spent = checkpoint.load(done, config)
         checkpoint.truncate(done)
         strategy.load_state(fed, {k: {n: t.to(fed.trainer.device) for n, t in s.items()} for k, s in states.items()})
         fed.transport.transfers = transfers
@@ -142,7 +150,7 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
         checkpoint.clear()
         strategy.setup(fed)
         done, rows = 0, fed.evaluator.evaluate(strategy.name, 0, strategy.models())
-        checkpoint.save(0, strategy.state(), rows, fed.transport.transfers, config)
+        checkpoint.save(0, strategy.state(), rows, fed.transport.transfers, config, fed.trainer.spent)
     for round_ in range(done + 1, rounds + 1):
         strategy.run_round(fed, round_)
         evaluated = []
@@ -150,7 +158,7 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
             trained_on = (lambda node: strategy.trained_on(fed, node)) if round_ == rounds else None
             evaluated = fed.evaluator.evaluate(strategy.name, round_, strategy.models(), trained_on)
             rows += evaluated
-        checkpoint.save(round_, strategy.state(), rows, fed.transport.transfers, config)
+        checkpoint.save(round_, strategy.state(), rows, fed.transport.transfers, config, fed.trainer.spent)
         sent = sum(t.bytes for t in fed.transport.transfers if t.round == round_ and t.kind != EVAL)
         parts = fed.transport.gather({"rows": evaluated, "bytes": sent},
                                      f"the end of round {round_}")  # every node has saved it
@@ -160,7 +168,9 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
     rows = [row for part in fed.transport.gather(rows, "gathering the metrics") for row in part]
     transfers = [Transfer(**t) for part in fed.transport.gather([t.__dict__ for t in fed.transport.transfers],
                                                                 "gathering the transfers") for t in part]
-    return sorted(rows, key=row_order(fed.nodes)), sorted(transfers, key=transfer_order(fed.nodes))
+    spent = [row for part in fed.transport.gather(fed.trainer.spent, "gathering the training budget") for row in part]
+    return (sorted(rows, key=row_order(fed.nodes)), sorted(transfers, key=transfer_order(fed.nodes)),
+            sorted(spent, key=spent_order(fed.nodes)))
 
 
 def resume_round(fed: Federation, checkpoint: Checkpoint) -> int | None:

@@ -16,7 +16,7 @@ from fedcli.fl.evaluate import evaluate, predict, resample_counts
 from fedcli.fl.node_data import NodeData
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.base import ENSEMBLE, LABELS
+from fedcli.fl.strategies.base import ENSEMBLE, GLOBAL_TEST, LABELS
 from fedcli.fl.trainer import LocalTrainer
 from fedcli.fl.transport import Transport
 from fedcli.rng import torch_stream
@@ -68,6 +68,7 @@ class Evaluator:
                 rows.append({"round": round_, "strategy": strategy, "model_node": key, "test_node": node,
                              "n_test": len(y), **evaluate(y, p, counts, manifest.positive_class,
                                                           manifest["label_names"])})
+        rows += self.on_global_test(strategy, round_, models)
         if trained_on is not None:
             train = self.data.train
             real = self.probabilities(models, lambda node: (train[node], None), (), round_)
@@ -82,10 +83,30 @@ class Evaluator:
                     row[column] = float((p[row["model_node"]][row["test_node"]].argmax(axis=1) == y).mean())
         return rows
 
-    def resample_counts(self, node: str) -> np.ndarray:
+    def on_global_test(self, strategy: str, round_: int, models: dict[str, nn.Module]) -> list[dict]:
+        """The rows of the global test set (test node GLOBAL_TEST): each model scored once, a node's model by its
+        node's process, a shared model and the node models' ensemble by the first node's."""
+        held = self.data.global_test()
+        if held is None:
+            return []
+        first = self.data.nodes[0] in self.local_nodes
+        scored = {key: model for key, model in models.items() if key in self.local_nodes
+                  or (first and key not in self.data.nodes)}
+        probs = {key: predict(model, held.images, self.device) for key, model in scored.items()}
+        node_models = [key for key in models if key in self.data.nodes]
+        if first and len(node_models) > 1 and set(node_models) == set(self.data.nodes):
+            probs[ENSEMBLE] = np.mean([predict(models[k], held.images, self.device) if k not in probs else probs[k]
+                                       for k in node_models], axis=0)
+        y, manifest = held.labels.numpy(), self.data.manifest
+        counts = self.resample_counts(GLOBAL_TEST, len(y))
+        return [{"round": round_, "strategy": strategy, "model_node": key, "test_node": GLOBAL_TEST, "n_test": len(y),
+                 **evaluate(y, p, counts, manifest.positive_class, manifest["label_names"])} for key, p in probs.items()]
+
+    def resample_counts(self, node: str, n: int | None = None) -> np.ndarray:
         """The bootstrap resamples of a test set: drawn once per run, as every model and round shares them."""
         if node not in self._counts:
-            self._counts[node] = resample_counts(self.seed, node, len(self.data.test[node]), self.bootstrap)
+            size = len(self.data.test[node]) if n is None else n
+            self._counts[node] = resample_counts(self.seed, node, size, self.bootstrap)
         return self._counts[node]
 
     def own_predictions(self, models: dict[str, nn.Module]) -> dict[str, torch.Tensor]:

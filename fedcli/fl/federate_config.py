@@ -22,6 +22,7 @@ LrSchedule = Literal["constant", "cosine", "step"]  # over init-epochs + R x E e
 Optimizer = Literal["adam", "sgd"]
 Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
 Ssl = Literal["none", "fixmatch"]  # --ssl: the local objective on a few-labels partition (fl/fixmatch.py)
+PartialBatch = Literal["keep", "drop"]  # an epoch's last partial batch (fl/local.py epoch_images)
 Labels = Literal["visible", "all"]  # --labels all: the oracle of the upper bounds (partition/hidden_labels.json)
 FIXMATCH_OPTIONS = ("confidence", "lambda_u", "unlabeled_ratio")
 ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
@@ -54,6 +55,7 @@ class SharedOptions:
     lambda_u: float = ranged(1.0, 0, 100)
     unlabeled_ratio: int = ranged(7, 1, 64)  # FixMatch's mu: unlabelled images per labelled one in a batch
     steps_per_round: int | None = ranged(None, 1, MAX_COUNT)  # each local epoch this many batches (FedVC)
+    partial_batch: PartialBatch | None = None  # every strategy's rule for an epoch's last batch; None: each its own
     participation: float = ranged(1.0, 0, 1, low_open=True)  # share of the nodes that train each round (keyed)
     model: tuple[str, ...] | str = ("cnn",)  # ARCH for every model, and NODE=ARCH: a node's own architecture
     pretrained: bool = False

@@ -1,9 +1,10 @@
 """Node-local training: the one loop, which knows no strategy. A strategy hands it batches (here: E
 epochs over a primary source, optionally replaying a buffer) and an objective (fl/objectives.py).
 
-With replay, each mini-batch concatenates b primary and b replay images in one forward pass
-(BatchNorm sees both); the replay source is cycled without replacement, so an epoch has as many
-steps as without replay. A fresh Adam each call: optimiser moments never travel.
+With replay, each mini-batch concatenates its b primary images with round(b x ratio) replay images in one
+forward pass (BatchNorm sees both; FedER's ratio is 1, half and half); the replay source is cycled without
+replacement, so an epoch has as many steps as without replay. An epoch's last, partial batch is kept (ceil(n / b)
+steps) or dropped (floor(n / b), full batches only: CWT's rule), `partial_batch_rule`.
 The optimiser is a fresh Adam or SGD (momentum, weight decay) each call. The learning rate is constant,
 follows a cosine from lr to 0 over the run's whole budget, or is multiplied by a factor every so many epochs
 of it (step); one call trains the span `LocalSettings.span` of the budget (fractions at its first and after
@@ -54,6 +55,7 @@ class LocalSettings:
     momentum: float = 0.9  # SGD's
     weight_decay: float = 0.0
     epoch_steps: int | None = None  # each epoch this many batches, whatever the source's size (--steps-per-round)
+    partial_batch: str | None = None  # --partial-batch keep|drop for every strategy; None: each strategy's own rule
 
     def lr_at(self, step: int, steps: int) -> float:
         """The learning rate of optimiser step `step` of this call's `steps`."""
@@ -74,6 +76,23 @@ class LocalSettings:
     def lr_sum(self, steps: int) -> float:
         """The sum of the learning rates of a call's `steps` optimiser steps (Scaffold's option II)."""
         return sum(self.lr_at(step, steps) for step in range(steps))
+
+
+PARTIAL_BATCH = ("keep", "drop")
+
+
+def epoch_images(n: int, batch: int, rule: str) -> int:
+    """The primary images an epoch over n of them uses: all (`keep`: ceil(n / b) batches), or the full batches'
+    (`drop`: floor(n / b) of them), all n when n < b so that a small node still trains."""
+    return n if rule == "keep" or n < batch else n // batch * batch
+
+
+def primary_per_epoch(n: int, settings: "LocalSettings", partial: str = "keep", epoch_size: int | None = None) -> int:
+    """The primary images of one epoch over a source of n: `epoch_size` if given, else what the partial-batch rule
+    (--partial-batch, else the strategy's `partial`) keeps; --steps-per-round's full batches override both."""
+    if settings.epoch_steps and n:  # an empty source stays empty
+        return settings.epoch_steps * settings.batch
+    return epoch_images(n, settings.batch, settings.partial_batch or partial) if epoch_size is None else epoch_size
 
 
 def batch_bounds(n: int, batch: int) -> list[tuple[int, int]]:
@@ -121,17 +140,18 @@ def _train(model: nn.Module, batches: Sized, settings: LocalSettings, device: st
 
 class Batches:
     """The batches of `settings.epochs` epochs, composed as local training composes them: shuffled primary
-    batches, each joined by as many replay images, then augmented. `epoch_size`: primary images per epoch
-    (default all of them), drawn without replacement across epochs, so two sources of different sizes can be
+    batches, each joined by round(ratio x its size) replay images (`replay_ratio`), then augmented.
+    `epoch_size`: primary images per epoch (default: what `partial` keeps of them, unless --partial-batch sets the
+    rule for every strategy), drawn without replacement across epochs, so two sources of different sizes can be
     given the same number of steps; `settings.epoch_steps` overrides it with that many full batches. Also what
     the BatchNorm diagnostic re-estimates statistics on (fl/batchnorm_check.py)."""
 
     def __init__(self, primary: TensorSource, replay: TensorSource | None, settings: LocalSettings,
-                 generator: torch.Generator, epoch_size: int | None = None):
+                 generator: torch.Generator, epoch_size: int | None = None, partial: str = "keep",
+                 replay_ratio: float = 1.0):
         self.primary, self.replay, self.settings, self.generator = primary, replay, settings, generator
-        self.epoch_size = len(primary) if epoch_size is None else epoch_size
-        if settings.epoch_steps and len(primary):  # an empty source stays empty
-            self.epoch_size = settings.epoch_steps * settings.batch
+        self.replay_ratio = replay_ratio
+        self.epoch_size = primary_per_epoch(len(primary), settings, partial, epoch_size)
 
     def __len__(self) -> int:
         return self.settings.epochs * len(batch_bounds(self.epoch_size, self.settings.batch))
@@ -148,7 +168,7 @@ class Batches:
                 images, labels = primary.images[index], primary.labels[index]
                 n_primary = len(index)
                 if replayer is not None:
-                    r = replayer.take(n_primary)  # half and half, also in a short last batch
+                    r = replayer.take(round(n_primary * self.replay_ratio))  # the same share in a short last batch
                     images = torch.cat([images, replay.images[r]])
                     labels = torch.cat([labels, replay.labels[r]])
                 yield Batch(self.prepare(images), labels, n_primary)

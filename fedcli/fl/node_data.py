@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from fedcli.data.dataset import NodeDataset
+from fedcli.data.loading import load_images
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 
@@ -64,8 +65,17 @@ class NodeData:
         self.unlabeled = LazySources(lambda node: self.images.get(node, "unlabeled", None) if oracle is None
                                      else empty(self.images.get(node, "unlabeled", None)))  # labels: UNSEEN
         self.codecs = LazySources(codecs or (lambda node: None))  # a node's VQ-VAE-2 and codes (fedcli/vqvae/codec.py)
+        self._global_test: TensorSource | None = None
         held_apart = (manifest.data.get("labels") or {}).get("held_apart")
         self.held_apart_holder: str | None = held_apart["holder"] if held_apart else None
+
+    def global_test(self) -> TensorSource | None:
+        """The partition's global test set (partition --global-test), decoded once; None where it has none."""
+        records = self.manifest.data.get("global_test")
+        if records and self._global_test is None:
+            self._global_test = TensorSource(load_images(self.manifest, None, records),
+                                             torch.tensor([r["label"] for r in records], dtype=torch.int64))
+        return self._global_test
 
     def held_apart(self) -> TensorSource:
         """The labelled set held apart (partition --held-apart-fraction), as its holder reads it."""

@@ -23,6 +23,7 @@ from fedcli.fl.checkpoint import Checkpoint
 from fedcli.fl.federate_config import (ENGINE_OPTIONS, FederateConfig, inapplicable, resolved_options,
                                       without_strategy_options)
 from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.base import GLOBAL_TEST
 from fedcli.fl.strategies.peer_learning import GATED, VALIDATED
 from fedcli.fl.transport import Transfer
 from fedcli.models.cuts import check_cut
@@ -195,14 +196,21 @@ def record_round(name: str, fold: int | None, rounds: int, end: RoundEnd) -> Non
 
 def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],
                  predictions: dict[str, torch.Tensor], resolved: dict, overwrite: bool,
-                 shared: dict[str, dict[str, torch.Tensor]] | None = None, tables: dict[str, list[dict]] | None = None
-                 ) -> None:
-    """metrics.csv, comm.csv, models/<key>.safetensors, predictions.safetensors (the final models' softmax on
-    their own test sets, with the labels), shared/<name>.safetensors (samples of what the strategy sent, kept
-    for an audit), the strategy's own tables (<name>.csv) and config.json, replacing `out` at once."""
-    metrics = pd.DataFrame(rows)
+                 shared: dict[str, dict[str, torch.Tensor]] | None = None, tables: dict[str, list[dict]] | None = None,
+                 spent: list[dict] = ()) -> None:
+    """metrics.csv (own-site test sets), global_test.csv (the partition's global test set, where it has one),
+    budget.csv (each training call's optimiser steps and real and replayed images), comm.csv,
+    models/<key>.safetensors, predictions.safetensors (the final models' softmax on their own test sets, with the
+    labels), shared/<name>.safetensors (samples of what the strategy sent, kept for an audit), the strategy's own
+    tables (<name>.csv) and config.json, replacing `out` at once."""
+    everything = pd.DataFrame(rows)
+    on_global = everything["test_node"] == GLOBAL_TEST if len(everything) else pd.Series(dtype=bool)
+    metrics = everything[~on_global] if on_global.any() else everything
     with staged_output(out, overwrite=overwrite) as stage:
         write_csv(stage / "metrics.csv", metrics.drop(columns=list(DIAGNOSTIC), errors="ignore"))
+        if on_global.any():
+            write_csv(stage / GLOBAL_TEST_FILE, everything[on_global].drop(columns=list(DIAGNOSTIC), errors="ignore"))
+        write_csv(stage / BUDGET, pd.DataFrame(list(spent), columns=["round", "key", "steps", "real", "replayed"]))
         write_csv(stage / "bn_statistics.csv", batchnorm_frame(metrics))
         write_csv(stage / "comm.csv", pd.DataFrame([t.__dict__ for t in transfers],
                                                    columns=["round", "sender", "receiver", "kind", "bytes"]))
@@ -220,6 +228,8 @@ def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states:
 
 
 SHARED = "shared"
+GLOBAL_TEST_FILE = "global_test.csv"
+BUDGET = "budget.csv"
 
 
 def batchnorm_frame(metrics: pd.DataFrame) -> pd.DataFrame:

@@ -48,6 +48,7 @@ class Budget:
     sgd_momentum: float = 0.9
     weight_decay: float = 0.0
     epoch_steps: int | None = None  # --steps-per-round
+    partial_batch: str | None = None  # --partial-batch: every strategy's rule for an epoch's last batch
 
     @property
     def total_epochs(self) -> int:
@@ -68,6 +69,7 @@ class LocalTrainer:
         self.data, self.budget, self.seed, self.device, self.semi = data, budget, seed, device, semi
         self.model_name, self.own_models = architectures(model)
         self.pretrained, self.model_weights = pretrained, model_weights
+        self.spent: list[dict] = []  # one row per call of `train`: what it cost (the report's budget table)
         for option, given in (("--node-batch", budget.node_batch), ("--model", self.own_models)):
             unknown = sorted(set(given) - set(data.nodes))
             if unknown:
@@ -104,7 +106,7 @@ class LocalTrainer:
                              budget_epochs=budget.total_epochs, step_epochs=budget.lr_step_epochs,
                              step_factor=budget.lr_step_factor, optimizer_name=budget.optimizer,
                              momentum=budget.sgd_momentum, weight_decay=budget.weight_decay,
-                             epoch_steps=budget.epoch_steps)
+                             epoch_steps=budget.epoch_steps, partial_batch=budget.partial_batch)
 
     def train(self, model: nn.Module, key: str, round_: int, primary: TensorSource, replay: TensorSource | None,
               epochs: int, objective: Objective | None = None, compose: Compose = Batches) -> int:
@@ -117,5 +119,13 @@ class LocalTrainer:
             batches = SemiBatches(batches, self.data.unlabeled[key], self.semi.mu, self.data.augment,
                                   torch_stream(self.seed, key, round_, "fixmatch"))
             objective = with_fixmatch(objective or Supervised(), self.semi.fixmatch)
+        seen = {"real": 0, "replayed": 0}
+
+        def count(images: torch.Tensor, labels: torch.Tensor, n_primary: int) -> None:
+            seen["real"] += n_primary
+            seen["replayed"] += len(labels) - n_primary
+
         with keyed_global_rng(self.seed, key, round_, "dropout", device=self.device):  # EfficientNet's dropout
-            return train_local(model, batches, settings, self.device, objective)
+            steps = train_local(model, batches, settings, self.device, objective, on_batch=count)
+        self.spent.append({"round": round_, "key": key, "steps": steps, **seen})
+        return steps

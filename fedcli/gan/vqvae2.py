@@ -393,11 +393,12 @@ class SerialTraining:
         self.seen[node] = {"position": k + 1, "own": len(own), "replayed": {j: len(x) for j, x in replayed.items()}}
         images = torch.cat([*replayed.values(), own]) if replayed else own
         stream = torch_stream(self.seed, node, "vqvae2-train")
+        title = f"{node} VQ-VAE-2 ({k + 1} of {len(self.nodes)})"
+        with StepProgress("train-gan", title, self.cfg.iterations) as bar:
+            def log(row: dict) -> None:  # once a step
+                self.rows[node].append({"phase": "vqvae", **row})
+                bar.advance()
 
-        def log(row: dict) -> None:
-            self.rows[node].append({"phase": "vqvae", **row})
-
-        with StepProgress("train-gan", f"{node} VQ-VAE-2 ({k + 1} of {len(self.nodes)})"):
             if self.plans:
                 noise = torch_stream(self.seed, node, "vqvae2-dp-noise", device=self.device)
                 train_vqvae_private(held.model, own, self.cfg, self.plans[node], stream, noise, self.device, log)
@@ -482,13 +483,16 @@ class SerialTraining:
         codes = self.returned(node, generator, data)
         if self.prior:
             stream = torch_stream(self.seed, node, "prior-train")
-            with StepProgress("train-gan", f"{node} prior"):
+            with StepProgress("train-gan", f"{node} prior", self.cfg.prior_iterations) as bar:
+                def log(row: dict) -> None:  # once a step
+                    rows.append(row)
+                    bar.advance()
+
                 if self.plans:
                     noise = torch_stream(self.seed, node, "prior-dp-noise", device=self.device)
-                    train_prior_private(generator, codes, self.cfg, self.plans[node], stream, noise, self.device,
-                                        rows.append)
+                    train_prior_private(generator, codes, self.cfg, self.plans[node], stream, noise, self.device, log)
                 else:
-                    train_prior(generator, codes, self.cfg, stream, self.device, rows.append)
+                    train_prior(generator, codes, self.cfg, stream, self.device, log)
         generator.eval()
         if self.plans:
             return self.private_share(node, generator, data, rows)

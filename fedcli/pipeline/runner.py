@@ -33,6 +33,7 @@ from fedcli.artifacts import write_json
 from fedcli.config import ATTACK_OPTIONS, GAN_ENGINE_OPTIONS, LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
 from fedcli.audit.shared_attacks import may_share
 from fedcli.data.manifest import Manifest
+from fedcli.data.partition import rules_of
 from fedcli.errors import UserError
 from fedcli.fl.federate_config import FederateConfig, inapplicable, resolved_options
 from fedcli.fl.strategies import REGISTRY
@@ -93,7 +94,7 @@ class Runner:
             Ledger(folder).set_point([list(v) for v in point.values])
         cfgs = self.recipe.configs(point, folder)
         part = cfgs["partition"]
-        p_fp = fingerprint("partition", plain(part), [])
+        p_fp = fingerprint("partition", plain(part) | rules_of(part), [])
         there = self.unit(folder, point.name, "partition", p_fp, "partition",
                           lambda: stage_run("fedcli.data.partition", part, reserved=REGISTRY.reserved_names()))
         self.partitioned[folder] = cfgs, p_fp, there

@@ -16,7 +16,7 @@ from fedcli.config import METRIC_COLUMNS, ReportConfig
 from fedcli.devices import with_threads
 from fedcli.layout import report_dir
 from fedcli.locking import locked
-from fedcli.report import calibration, few_labels, figures, frontier, study
+from fedcli.report import calibration, few_labels, figures, frontier, skew_study, study
 from fedcli.report.collect import SubExperiment, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.study import Missing, ReportTable
@@ -105,7 +105,9 @@ def run(cfg: ReportConfig) -> Report:
         w.table(study.table6(subs, metric))
         w.table(study.alpha_table(subs, metric))
         w.table(study.dp_table(subs, metric))
-        w.table(study.skew_table(subs, metric))
+        w.table(skew_study.skew_table(subs, metric))
+        w.table(skew_study.paired_table(subs, metric))
+        w.table(skew_study.budget_table(subs))
         w.table(study.forgetting_table(subs))
         if few_labels.few_labels_runs(subs):  # FedPerl's readings, for experiments that hide labels
             aurc = calibration.calibration_figure(few_labels.variants(subs), out / "figures" / "calibration.png")

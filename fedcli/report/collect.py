@@ -21,6 +21,7 @@ import pandas as pd
 from fedcli.artifact_kinds import CONFIG, stale_inputs
 from fedcli.errors import UserError
 from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.subexperiments import key_values, point_values
 
 SEED_KEY = "partition.seed"
@@ -62,6 +63,8 @@ class Run:
     comm: pd.DataFrame | None
     folder: Path
     batchnorm: pd.DataFrame | None = None  # the final round's BatchNorm diagnostic (bn_statistics.csv)
+    global_metrics: pd.DataFrame | None = None  # the partition's global test set's rows (global_test.csv)
+    budget: pd.DataFrame | None = None  # each training call's steps and images (budget.csv)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +123,11 @@ def load_metrics(folder: Path) -> pd.DataFrame:
 
 def load_run(folder: Path) -> Run:
     config = load_json(folder / "config.json")["config"]
-    comm, batchnorm = (pd.read_csv(folder / name) if (folder / name).is_file() else None
-                       for name in ("comm.csv", "bn_statistics.csv"))
-    return Run(config["strategy"], config.get("fold"), config, load_metrics(folder), comm, folder, batchnorm)
+    comm, batchnorm, global_metrics, budget = (pd.read_csv(folder / name) if (folder / name).is_file() else None
+                                               for name in ("comm.csv", "bn_statistics.csv", "global_test.csv",
+                                                            "budget.csv"))
+    return Run(config["strategy"], config.get("fold"), config, load_metrics(folder), comm, folder, batchnorm,
+               global_metrics, budget)
 
 
 def finished(folder: Path) -> list[Path]:
@@ -246,6 +251,15 @@ def cross_scores(metrics: pd.DataFrame, metric: str, nodes: list[str]) -> dict[s
     rows = final_rows(metrics)
     rows = rows[rows.model_node.isin(nodes)]
     return {node: rows[rows.test_node == node][metric].astype(float).tolist() for node in nodes}
+
+
+def global_score(run: Run, metric: str) -> float | None:
+    """The run's final score on the global test set: its one shared model's, or the mean of its node models' (the
+    ensemble aside); None where the run has no global test rows."""
+    if run.global_metrics is None:
+        return None
+    rows = final_rows(run.global_metrics)
+    return float(rows[rows.model_node != ENSEMBLE][metric].astype(float).mean())
 
 
 def source_of(run: Run) -> str | None:

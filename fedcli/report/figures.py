@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from fedcli.plotting import pyplot
-from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, by_skew, dp_label, own_rows, own_scores,
+from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, dp_label, own_rows, own_scores,
                                    variant_label)
+from fedcli.report.skew_study import skew_measure, skew_points
 
 
 def save(fig, path: Path) -> None:
@@ -89,10 +90,10 @@ def scalability_figure(subs: list[SubExperiment], metric: str, path: Path) -> bo
 
 
 def skew_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
-    """Each method's final mean node score against the partition's label-skew target (the generative-replay
-    study's Fig. 5/7); needs two levels or more."""
-    points = ((ks, run) for ks, reps in by_skew(subs).items() for sub in reps for run in sub.runs)
-    return strategy_lines(final_scores(points, metric), metric, path, "label skew (mean pairwise KS)", "Label skew")
+    """Each method's final score against the label skew asked of the training splits (the generative-replay
+    study's Fig. 5/7; report/skew_study.py); needs two levels or more."""
+    return strategy_lines(skew_points(subs, metric), metric, path,
+                          f"label skew of the training splits (mean pairwise {skew_measure(subs)})", "Label skew")
 
 
 def dp_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:

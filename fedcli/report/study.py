@@ -21,7 +21,7 @@ from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.fl.transport import EVERYONE
 from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, by_skew, cross_scores, decoded_fidelity,
-                                   dp_label, own_rows, own_scores, source_of, stylegan_subs, variant_label)
+                                   dp_label, own_rows, own_scores, stylegan_subs)
 from fedcli.report.paired import paired_bootstrap_frame
 
 # the table families strategies declare (fl/strategies/): Tables 2, 4 and the paired table, 7, and 3
@@ -175,12 +175,17 @@ def budget_note(subs: list[SubExperiment]) -> str:
     """How long each strategy trained, in epochs over its training data, and at what learning rate."""
     def describe(config: dict) -> str:
         init, rounds, epochs = (config.get(k) for k in ("init_epochs", "rounds", "epochs"))
+        phases, rule, cap = "round 0, then R x E", config.get("encoder_rule"), config.get("encoder_epochs")
+        if rule is not None:  # fedreplay: its encoder's own epochs (fl/strategies/fedreplay.py), then the head's
+            init = {"untrained": "untrained encoder", "fixed": f"{cap} encoder epochs"}.get(
+                rule, f"up to {cap} encoder epochs (until the loss changed under 1% over 3)")
+            phases = "R x E of the head" if rule == "untrained" else "the encoder node, then R x E of the head"
         schedule = {"cosine": "annealed to 0 along a cosine over those epochs",
                     "step": f"times {config.get('lr_step_factor')} every {config.get('lr_step_epochs')} of those "
                             "epochs"}.get(config.get("lr_schedule"), "constant")
         optimizer = (f"SGD (momentum {config.get('sgd_momentum')})" if config.get("optimizer") == "sgd" else "Adam")
         decay = f", weight decay {config['weight_decay']:g}" if config.get("weight_decay") else ""
-        return f"{init} + {rounds} x {epochs} epochs (round 0, then R x E), {optimizer} lr {config.get('lr')} " \
+        return f"{init} + {rounds} x {epochs} epochs ({phases}), {optimizer} lr {config.get('lr')} " \
                f"{schedule}{decay}"
     return by_strategy("Budget", subs, describe)
 
@@ -583,7 +588,8 @@ def partition_table(subs: list[SubExperiment]) -> Built:
     skew = (manifest.get("statistics") or {}).get("label_skew_js")
     return ReportTable("partition_summary", title, pd.DataFrame(rows).T,
                        f"{manifest['source']}, scheme {manifest['scheme']}, {manifest['image_size']} px, seed "
-                       f"{manifest['seed']}; label skew (mean pairwise Jensen-Shannon distance) {skew}",
+                       f"{manifest['seed']}; label skew of the training splits (mean pairwise Jensen-Shannon "
+                       f"distance) {skew}",
                        rows_are="node")
 
 
@@ -755,42 +761,6 @@ def alpha_table(subs: list[SubExperiment], metric: str) -> Built:
                        "ratio of the privacy generator's projection LPIPS to its alpha-0 control's; fidelity ratio = "
                        "the released buffer's (classifier trained on it / on real images); alpha 0 = a standard GAN",
                        rows_are="alpha")
-
-
-def skew_table(subs: list[SubExperiment], metric: str) -> Built:
-    """The generative-replay study's comparison: each method's score at every label-skew level."""
-    title = "Label skew: performance against the mean pairwise KS"
-    groups = by_skew(subs)
-    if len(groups) < 2:
-        return Missing(title, "partitions at several --scheme skew --ks levels (a [sweep] over partition.ks)")
-    present = {r.strategy for s in subs for r in s.runs}
-    columns = [column for name in REGISTRY.names() if name in present for column in replay_variants(subs, name)]
-    rows = {}
-    for ks, reps in groups.items():
-        nodes = nodes_of(reps)
-        rows[f"KS {ks:g}"] = {"reached": Stat.of([s.manifest["statistics"]["label_skew_tv"] for s in reps]),
-                              **{label: seed_interval(performance_cells(distinct(
-                                  [s for s in reps if s.run(name) and source_of(s.run(name)) == source], name),
-                                  name, metric, nodes)["mean"]) for label, name, source in columns}}
-    return ReportTable("label_skew", title, pd.DataFrame(rows).T,
-                       f"{metric}, mean over nodes of each method's final model on each node's own test set (a "
-                       "shared model on every node's): the mean over seeds and its 95% t-interval [low, high] (one "
-                       "seed: the mean alone); reached: the partition's mean pairwise KS (total variation for more "
-                       "than two classes), mean ± std", lower_is_better=metric in LOWER_IS_BETTER, rows_are="skew")
-
-
-def replay_variants(subs: list[SubExperiment], name: str) -> list[tuple[str, str, str | None]]:
-    """(column, strategy, replay source) of `name`, one per --replay-source its runs used."""
-    runs = {source_of(run): run for s in subs if (run := s.run(name)) is not None}
-    return [(variant_label(run), name, source) for source, run in runs.items()]
-
-
-def seed_interval(stat: Stat) -> str:
-    """mean [low, high], the 95% t-interval of a mean over seeds; the mean alone from one seed."""
-    if stat.n < 2:
-        return str(stat)
-    half = float(scipy_stats.t.ppf(0.975, stat.n - 1)) * stat.std / np.sqrt(stat.n)
-    return f"{stat.mean:.3f} [{stat.mean - half:.3f}, {stat.mean + half:.3f}]"
 
 
 def forgetting_table(subs: list[SubExperiment]) -> Built:

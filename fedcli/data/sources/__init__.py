@@ -13,7 +13,8 @@ READERS = {
     "medmnist": lambda cfg: medmnist.read(cfg.data_dir),
     "folders": lambda cfg: folders.read(cfg.data_dir),
     "csv": lambda cfg: table.read(cfg.data_dir),
-    "retinopathy": lambda cfg: retinopathy.read(cfg.data_dir),
+    "retinopathy": lambda cfg: retinopathy.read(cfg.data_dir,
+                                                cfg.retina_per_class if cfg.retina_balanced else None),
 }
 
 

@@ -151,7 +151,7 @@ class Rank:
         self.log.info("%s: start (resume=%s)", run_label(name, fold), cfg.resume)
         started = time.perf_counter()
         with self.progress(name, fold) as on_round:
-            rows, transfers = engine.run_rounds(fed, strategy, cfg.rounds, cfg.eval_every,
+            rows, transfers, spent = engine.run_rounds(fed, strategy, cfg.rounds, cfg.eval_every,
                                                 Checkpoint(work, fed.nodes, local=[node]), computed(resolved),
                                                 cfg.resume, on_round)
         sent = sum(t.bytes for t in transfers if t.sender == node)
@@ -174,7 +174,7 @@ class Rank:
                 for p in sorted((f / SHARED).glob("*.safetensors")):
                     shared.setdefault(p.stem, {}).update(load_tensors(p, "shared sample"))
             write_output(out, rows, transfers, states, predictions, resolved, cfg.overwrite or cfg.resume, shared,
-                         strategy.tables())
+                         strategy.tables(), spent)
             shutil.rmtree(work if self.group.rank == 0 else work / node, ignore_errors=True)
         return StrategyRun(name, fold, out, rows, fed.nodes)
 

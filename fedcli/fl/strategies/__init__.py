@@ -12,7 +12,7 @@ from typing import Any
 
 from fedcli.config import check_ranges
 from fedcli.errors import UserError
-from fedcli.fl.strategies.base import ENSEMBLE, LABELS, NODES, Declaration, Strategy
+from fedcli.fl.strategies.base import ENSEMBLE, GLOBAL_TEST, LABELS, NODES, Declaration, Strategy
 
 EVAL = "eval"  # the transfer kind of models sent only to be tested on another node's test set
 
@@ -83,8 +83,9 @@ class Registry:
 
     def reserved_names(self) -> tuple[str, ...]:
         """Names no node may take: every model key a strategy produces, the ensemble's, and the labels' key of
-        predictions.safetensors (a node of that name would be read as, or overwrite, one of them)."""
-        return (*self.shared_model_keys(), ENSEMBLE, LABELS)
+        predictions.safetensors and the global test set's test node (a node of that name would be read as, or
+        overwrite, one of them)."""
+        return (*self.shared_model_keys(), ENSEMBLE, LABELS, GLOBAL_TEST)
 
     def transfer_kinds(self) -> tuple[str, ...]:
         """Every kind of transfer, training kinds in the order strategies declare them, then eval."""

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 NODES = "nodes"  # the model key of a strategy with one model per node: each node's own name
 ENSEMBLE = "ensemble"  # the key of the node models' mean softmax in metrics and predict
 LABELS = "labels"  # the key of the test labels in predictions.safetensors (`labels/<test node>`)
+GLOBAL_TEST = "global-test"  # the test node of the rows scored on the partition's global test set
 
 
 def option(default: Any, low: float, high: float, help: str, select: bool = False, **bounds: Any) -> Any:

@@ -7,7 +7,7 @@ The server is a node (`--server-node`, default the last in the order, which then
 cycle): it sees every node's activations and labels. Otherwise the last node sends it the bottom after each
 cycle, only so that the whole model can be tested (an `eval` transfer).
 
-Budget: each turn is E epochs (init-epochs in round 0) of ceil(|D_k|/b) steps, the epochs every node takes
+Budget: each turn is E epochs (init-epochs in round 0) of ceil(|D_k|/b) steps (floor with --partial-batch drop), the epochs every node takes
 under any strategy; the server's top takes a step for every node's batch.
 
 What travels: per batch, the activations with their labels (b x C x H x W x 4 + 8 b bytes) up and their
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedcli.fl.local import Batches, batch_bounds
+from fedcli.fl.local import Batches, batch_bounds, primary_per_epoch
 from fedcli.fl.objectives import Batch
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.split_training import Link, train_split
@@ -70,7 +70,11 @@ class SplitLearning(CyclicWeightTransfer):
         if not (at_node or at_server):
             return
         settings = fed.trainer.settings(node, round_, epochs)
-        steps = epochs * (settings.epoch_steps or len(batch_bounds(self.sizes[node], settings.batch)))
+        per_epoch = primary_per_epoch(self.sizes[node], settings)
+        steps = epochs * len(batch_bounds(per_epoch, settings.batch))
+        if at_node:
+            fed.trainer.spent.append({"round": round_, "key": node, "steps": steps, "real": epochs * per_epoch,
+                                      "replayed": 0})
         batches = None
         if at_node:
             bottom = {f"{node}/bottom/{k}": v.detach().cpu().clone() for k, v in self.bottom.state_dict().items()}
