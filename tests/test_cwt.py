@@ -87,7 +87,7 @@ def test_a_node_smaller_than_a_batch_trains_one_batch_of_all_its_images(exp):
 def test_forgetting_scores_every_node_s_training_data_after_each_visit_of_the_last_cycle(exp, cli, tmp_path):
     from conftest import copy_exp
     from fedcli.fl.evaluate import predict
-    from fedcli.report import study
+    from fedcli.report import skew_study
     from fedcli.report.collect import load_experiment
 
     fed = federation(exp, init_epochs=0)
@@ -108,7 +108,7 @@ def test_forgetting_scores_every_node_s_training_data_after_each_visit_of_the_la
     copied = copy_exp(exp, tmp_path)
     cli.ok("federate", "--exp", copied, "--strategy", "cwt", "--forgetting", "--rounds", "1", "--epochs", "1",
            "--init-epochs", "0", "--batch", "48", "--threads", "1")
-    table = study.forgetting_table(load_experiment(copied))
+    table = skew_study.forgetting_table(load_experiment(copied))
     assert list(table.frame.columns) == [f"after visit {i + 1} (node{i})" for i in range(3)]
     assert list(table.frame.index) == ["node0", "node1", "node2"]
 

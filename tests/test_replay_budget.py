@@ -108,3 +108,16 @@ def test_a_global_test_set_the_data_cannot_balance_is_refused_in_one_line(cli, t
     assert "give a multiple of 10" in cli.user_error("partition", "--exp", tmp_path / "a", "--global-test", "25")
     assert "lower --global-test" in cli.user_error("partition", "--exp", tmp_path / "b", "--global-test", "1800")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_every_model_is_scored_once_on_the_global_test_set_apart_from_the_own_site_rows(cli, tmp_path):
+    exp = tmp_path / "exp"
+    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--global-test", "100", "--exp", exp)
+    cli.ok("federate", "--exp", exp, "--strategy", "fedavg", "--strategy", "standalone", "--rounds", "1",
+           "--epochs", "1", "--batch", "64", "--bootstrap", "10", "--threads", "1")
+    for name, keys in (("fedavg", ["global"]), ("standalone", ["node0", "node1", "node2", "ensemble"])):
+        held = pd.read_csv(exp / "federate" / name / "global_test.csv")
+        assert held[held["round"] == 1]["model_node"].tolist() == keys and set(held["n_test"]) == {100}
+        assert set(held["round"]) == {0, 1} and (held["test_node"] == "global-test").all()
+        metrics = pd.read_csv(exp / "federate" / name / "metrics.csv")
+        assert "global-test" not in set(metrics["test_node"])

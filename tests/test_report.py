@@ -79,7 +79,8 @@ def write_run(folder: Path, strategy: str, final: dict, rounds: int = 2, epochs:
     options and only the options its strategy declares, as federate's config.json does."""
     write_metrics(folder, strategy, final, rounds)
     declared = {f.name for f in REGISTRY[strategy].option_fields()}
-    options = {k: v for k, v in {"mu": 0.01, "buffer_size": buffer_size}.items() if k in declared}
+    options = {k: v for k, v in {"mu": 0.01, "buffer_size": buffer_size, "replay_mix": "batch",
+                                 "encoder_rule": "plateau"}.items() if k in declared}
     config = {"exp": "x", "rounds": rounds, "epochs": epochs, "lr": 0.001, **options,
               "fold": fold, "cv": fold is not None, "seed": 0, "strategy": strategy, "inputs": {}}
     write_json(folder / "config.json", {"stage": "federate", "fedcli_version": "0.1.0", "seed": 0, "config": config,
@@ -945,3 +946,20 @@ def test_the_skew_tables_read_the_global_test_set_pair_by_seed_and_count_the_bud
     assert budget.loc["cwt", "steps/node/round (rounds >= 1)"].mean == 3
     assert budget.loc["cwt-replay", "replayed images seen/node"].mean == 192
     assert budget.loc["cwt", "replayed images seen/node"].mean == 0
+
+
+def test_a_replay_or_fedreplay_run_made_before_the_step_budget_rules_is_left_out_as_stale(tmp_path):
+    skew_experiment(tmp_path, {(0.0, 0): (0.9, 0.7), (0.6, 0): (0.5, 0.7)})
+    for ks in (0.0, 0.6):
+        for name, option in (("cwt-replay", "replay_mix"), ("fedreplay", "encoder_rule")):
+            folder = tmp_path / "runs" / f"ks={ks}_seed=0" / "federate" / name
+            write_run(folder, name, shared("global", {"n0": 0.5, "n1": 0.5}))
+            meta = json.loads((folder / "config.json").read_text())
+            del meta["config"][option]  # as federate wrote it before the option existed
+            write_json(folder / "config.json", meta)
+    subs = load_experiment(tmp_path)
+    assert all(s.run("cwt-replay") is None and s.run("fedreplay") is None for s in subs)
+    assert {tuple(st.inputs) for s in subs for st in s.stale} == {
+        ("the rule before replay on the real images' steps (--replay-mix)",),
+        ("the rule before FedReplay's trained encoder (--encoder-rule)",)}
+    assert list(skew_study.skew_table(subs, "accuracy").frame.columns)[2:] == ["cwt", "fedavg"]

@@ -165,6 +165,10 @@ def progress_of(part: Path, round_: int) -> dict | None:
     except (OSError, ValueError):
         return None
     ok = isinstance(progress, dict) and PROGRESS_KEYS <= set(progress) and progress["round"] == round_
+    if isinstance(progress, dict) and "spent" not in progress and PROGRESS_KEYS - {"spent"} <= set(progress):
+        raise CheckpointMismatch(f"the checkpoint in {part.parent} was written by an earlier fedcli, which did not "
+                                 "count the training budget (budget.csv); rerun without --resume, with --overwrite, "
+                                 "to start over")
     return progress if ok else None
 
 

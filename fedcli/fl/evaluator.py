@@ -55,7 +55,8 @@ class Evaluator:
                  trained_on: TrainedOn | None = None) -> list[dict]:
         """The models on the test sets of this process's nodes; plus the ensemble (mean softmax) of the
         node models when there are several. With `trained_on` (the final round), each row also holds
-        the BatchNorm diagnostic's accuracies (fl/batchnorm_check.py)."""
+        the BatchNorm diagnostic's accuracies (fl/batchnorm_check.py). Then the global test set's rows, where
+        the partition has one (no diagnostic: it is no node's)."""
         if self.cross_eval:
             models = self.shared_models(round_, models)
         probs = self.with_ensemble(models, self.probabilities(models))
@@ -68,7 +69,6 @@ class Evaluator:
                 rows.append({"round": round_, "strategy": strategy, "model_node": key, "test_node": node,
                              "n_test": len(y), **evaluate(y, p, counts, manifest.positive_class,
                                                           manifest["label_names"])})
-        rows += self.on_global_test(strategy, round_, models)
         if trained_on is not None:
             train = self.data.train
             real = self.probabilities(models, lambda node: (train[node], None), (), round_)
@@ -81,7 +81,7 @@ class Evaluator:
                 y = self.data.test[row["test_node"]].labels.numpy()
                 for column, p in variants.items():
                     row[column] = float((p[row["model_node"]][row["test_node"]].argmax(axis=1) == y).mean())
-        return rows
+        return rows + self.on_global_test(strategy, round_, models)
 
     def on_global_test(self, strategy: str, round_: int, models: dict[str, nn.Module]) -> list[dict]:
         """The rows of the global test set (test node GLOBAL_TEST): each model scored once, a node's model by its

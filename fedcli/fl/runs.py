@@ -45,6 +45,11 @@ class StrategyRun:
     nodes: list[str]
 
 
+def own_site(rows: list[dict]) -> list[dict]:
+    """The rows of the nodes' own test sets (metrics.csv's), the global test set's (global_test.csv's) aside."""
+    return [row for row in rows if row["test_node"] != GLOBAL_TEST]
+
+
 def load_buffer(exp: Path, manifest: Manifest, node: str, size: int | None, strategy: str) -> TensorSource:
     """The first `size` images of a node's buffer, after the checks of its artifact kind (its recorded
     hash, node and partition; image shape; one label per image, each a class of the node)."""

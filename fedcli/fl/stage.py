@@ -26,7 +26,7 @@ from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.node_data import NodeImages
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.runs import StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
-    planned_runs, record_round, run_label, run_outputs, strategy_config, write_output
+    own_site, planned_runs, record_round, run_label, run_outputs, strategy_config, write_output
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import BUFFER, federate_dir, gan_dir
 from fedcli.locking import locked
@@ -72,4 +72,4 @@ def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fol
     write_output(out, rows, transfers, states, fed.evaluator.own_predictions(strategy.models()), resolved,
                  cfg.overwrite or cfg.resume, strategy.kept(), strategy.tables(), spent)
     shutil.rmtree(work, ignore_errors=True)
-    return StrategyRun(name, fold, out, rows, fed.nodes)
+    return StrategyRun(name, fold, out, own_site(rows), fed.nodes)

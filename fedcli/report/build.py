@@ -108,7 +108,7 @@ def run(cfg: ReportConfig) -> Report:
         w.table(skew_study.skew_table(subs, metric))
         w.table(skew_study.paired_table(subs, metric))
         w.table(skew_study.budget_table(subs))
-        w.table(study.forgetting_table(subs))
+        w.table(skew_study.forgetting_table(subs))
         if few_labels.few_labels_runs(subs):  # FedPerl's readings, for experiments that hide labels
             aurc = calibration.calibration_figure(few_labels.variants(subs), out / "figures" / "calibration.png")
             w.table(few_labels.few_labels_table(subs, metric, aurc))

@@ -142,14 +142,28 @@ def strategy_order(name: str) -> int:
     return names.index(name) if name in names else len(names)
 
 
+RULES_SINCE = {"replay_mix": "replay on the real images' steps (--replay-mix)",
+               "encoder_rule": "FedReplay's trained encoder (--encoder-rule)"}  # options whose absence is another rule
+
+
+def earlier_rules(meta: dict) -> list[str]:
+    """The rules a federate run predates: options its strategy declares whose absence from its config means
+    numbers made another way (issue 54), so that the report never pairs them with today's."""
+    config = meta.get("config") or {}
+    declaration = REGISTRY.get(config.get("strategy")) if meta.get("stage") == "federate" else None
+    declared = {f.name for f in declaration.option_fields()} if declaration else set()
+    return [f"the rule before {why}" for name, why in RULES_SINCE.items() if name in declared and name not in config]
+
+
 def load_sub(folder: Path) -> SubExperiment:
     manifest_path = folder / "partition" / "manifest.json"
     manifest = load_json(manifest_path) if manifest_path.is_file() else None
     stale: list[Stale] = []
 
     def current(artifact: Path) -> bool:
-        """Whether an artifact folder was made from what the experiment holds now (else noted as stale)."""
-        outdated = stale_inputs(artifact / CONFIG)
+        """Whether an artifact folder was made from what the experiment holds now, by today's rules (else noted as
+        stale)."""
+        outdated = stale_inputs(artifact / CONFIG) or earlier_rules(load_json(artifact / CONFIG))
         if outdated:
             stage = load_json(artifact / CONFIG).get("stage", "the stage that wrote it")
             stale.append(Stale(artifact, stage, outdated))

@@ -182,3 +182,27 @@ def skew_points(subs: list[SubExperiment], metric: str) -> dict[str, dict[float,
             values[label][ks] = list(per_seed.values())
     return values
 
+
+def forgetting_table(subs: list[SubExperiment]) -> Built:
+    """The generative-replay study's Table 1: during CWT's last cycle, each node's training data scored by the
+    model after each visit (rows: the data; columns: the model after visiting each node in turn), at the highest
+    label skew of the experiment; a run a sweep shared between sub-experiments counts once."""
+    title = "CWT forgetting: each node's training data under the model after each visit of the last cycle"
+    groups = by_skew(subs)
+    level = max(groups) if groups else None
+    chosen = groups[level] if groups else subs
+    folders = {r.folder.resolve(): r.folder for s in chosen for r in s.runs if r.strategy == "cwt" and r.fold is None}
+    frames = [pd.read_csv(folder / "forgetting.csv") for folder in folders.values()
+              if (folder / "forgetting.csv").is_file()]
+    if not frames:
+        return Missing(title, "a cwt run with --forgetting")
+    scores = pd.concat(frames)
+    visits = scores.drop_duplicates("after_visit").sort_values("after_visit")
+    columns = {v: f"after visit {v} ({node})" for v, node in zip(visits.after_visit, visits.visited)}
+    rows = {data: {columns[v]: Stat.of(part[part.after_visit == v].accuracy.tolist()) for v in columns}
+            for data, part in scores.groupby("data", sort=False)}
+    where = f" at {skew_measure(subs)} {level:g}" if level is not None else ""
+    return ReportTable("cwt_forgetting", title, pd.DataFrame(rows).T,
+                       f"accuracy on each node's own training data{where}, mean ± std over {len(frames)} run(s); the "
+                       "diagonal is the model just trained there, the cells to its right what it kept after moving on",
+                       rows_are="training data of")

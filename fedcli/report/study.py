@@ -20,7 +20,7 @@ from fedcli.fl.federate_config import select_keys, varies_for
 from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.strategies.base import ENSEMBLE
 from fedcli.fl.transport import EVERYONE
-from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, by_skew, cross_scores, decoded_fidelity,
+from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, cross_scores, decoded_fidelity,
                                    dp_label, own_rows, own_scores, stylegan_subs)
 from fedcli.report.paired import paired_bootstrap_frame
 
@@ -761,30 +761,6 @@ def alpha_table(subs: list[SubExperiment], metric: str) -> Built:
                        "ratio of the privacy generator's projection LPIPS to its alpha-0 control's; fidelity ratio = "
                        "the released buffer's (classifier trained on it / on real images); alpha 0 = a standard GAN",
                        rows_are="alpha")
-
-
-def forgetting_table(subs: list[SubExperiment]) -> Built:
-    """The generative-replay study's Table 1: during CWT's last cycle, each node's training data scored by the
-    model after each visit (rows: the data; columns: the model after visiting each node in turn), at the highest
-    label skew of the experiment."""
-    title = "CWT forgetting: each node's training data under the model after each visit of the last cycle"
-    groups = by_skew(subs)
-    level = max(groups) if groups else None
-    chosen = groups[level] if groups else subs
-    frames = [pd.read_csv(r.folder / "forgetting.csv") for s in chosen for r in s.runs
-              if r.strategy == "cwt" and r.fold is None and (r.folder / "forgetting.csv").is_file()]
-    if not frames:
-        return Missing(title, "a cwt run with --forgetting")
-    scores = pd.concat(frames)
-    visits = scores.drop_duplicates("after_visit").sort_values("after_visit")
-    columns = {v: f"after visit {v} ({node})" for v, node in zip(visits.after_visit, visits.visited)}
-    rows = {data: {columns[v]: Stat.of(part[part.after_visit == v].accuracy.tolist()) for v in columns}
-            for data, part in scores.groupby("data", sort=False)}
-    where = f" at KS {level:g}" if level is not None else ""
-    return ReportTable("cwt_forgetting", title, pd.DataFrame(rows).T,
-                       f"accuracy on each node's own training data{where}, mean ± std over {len(frames)} run(s); the "
-                       "diagonal is the model just trained there, the cells to its right what it kept after moving on",
-                       rows_are="training data of")
 
 
 def dp_table(subs: list[SubExperiment], metric: str) -> Built:

@@ -37,7 +37,7 @@ from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.node_data import NodeImages
 from fedcli.fl.progress import RoundProgress
 from fedcli.fl.runs import SHARED, StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed, load_buffer, \
-    planned_runs, record_round, run_label, run_outputs, strategy_config, write_output
+    own_site, planned_runs, record_round, run_label, run_outputs, strategy_config, write_output
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import BUFFER, PREDICTIONS, federate_dir, gan_dir, inside
 from fedcli.locking import locked
@@ -176,7 +176,7 @@ class Rank:
             write_output(out, rows, transfers, states, predictions, resolved, cfg.overwrite or cfg.resume, shared,
                          strategy.tables(), spent)
             shutil.rmtree(work if self.group.rank == 0 else work / node, ignore_errors=True)
-        return StrategyRun(name, fold, out, rows, fed.nodes)
+        return StrategyRun(name, fold, out, own_site(rows), fed.nodes)
 
     @contextlib.contextmanager
     def progress(self, name: str, fold: int | None):
