@@ -11,7 +11,7 @@ import numpy as np
 from fedcli.plotting import pyplot
 from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, dp_label, own_rows, own_scores,
                                    variant_label)
-from fedcli.report.skew_study import skew_measure, skew_points
+from fedcli.report.skew_study import on_global_test, skew_measure, skew_points
 
 
 def save(fig, path: Path) -> None:
@@ -64,18 +64,20 @@ def final_scores(points, metric: str) -> dict[str, dict[float, list[float]]]:
 
 
 def strategy_lines(values: dict[str, dict[float, list[float]]], metric: str, path: Path, xlabel: str,
-                   title: str) -> bool:
-    """One line per strategy, mean ± std at each x; drawn only when there are two x values or more."""
+                   title: str, scored_on: str = "mean over nodes") -> bool:
+    """One line per strategy, mean ± std at each x, each its own colour; drawn only when there are two x values or
+    more."""
     if len({x for per in values.values() for x in per}) < 2:
         return False
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
+    ax.set_prop_cycle(color=[*plt.get_cmap("tab10").colors, *plt.get_cmap("Dark2").colors])
     for strategy, per in values.items():
         xs = sorted(per)
         stats = [Stat.of(per[x]) for x in xs]
         ax.errorbar(xs, [s.mean for s in stats], yerr=[s.std for s in stats], marker="o", capsize=3, label=strategy)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"{metric} (mean over nodes)")
+    ax.set_ylabel(f"{metric} ({scored_on})")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -93,7 +95,8 @@ def skew_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
     """Each method's final score against the label skew asked of the training splits (the generative-replay
     study's Fig. 5/7; report/skew_study.py); needs two levels or more."""
     return strategy_lines(skew_points(subs, metric), metric, path,
-                          f"label skew of the training splits (mean pairwise {skew_measure(subs)})", "Label skew")
+                          f"label skew of the training splits (mean pairwise {skew_measure(subs)})", "Label skew",
+                          "global test set" if on_global_test(subs) else "mean over nodes")
 
 
 def dp_figure(subs: list[SubExperiment], metric: str, path: Path) -> bool:
