@@ -121,3 +121,13 @@ def test_every_model_is_scored_once_on_the_global_test_set_apart_from_the_own_si
         assert set(held["round"]) == {0, 1} and (held["test_node"] == "global-test").all()
         metrics = pd.read_csv(exp / "federate" / name / "metrics.csv")
         assert "global-test" not in set(metrics["test_node"])
+
+
+def test_with_few_labels_the_skew_is_met_on_the_labelled_and_unlabelled_images_that_train(tmp_path):
+    manifest, _ = make_manifest(PartitionConfig(exp=tmp_path / "e", scheme="skew", ks=0.6, nodes=4,
+                                                validation_fraction=0.3, held_apart_fraction=0.2))
+    from fedcli.data.label_parts import training_labels
+    from fedcli.data.summary import skew_of
+
+    reached = skew_of([training_labels(n, manifest.hidden) for n in manifest["nodes"]], 10)["label_skew_tv"]
+    assert reached == manifest["statistics"]["label_skew_tv"] and abs(reached - 0.6) <= 0.02

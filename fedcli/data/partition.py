@@ -72,7 +72,7 @@ SKEW_CLOSE_ENOUGH = 5e-4  # the search stops once the training splits are this n
 
 def skew_nodes(cfg: PartitionConfig, source: SourceData, samples: list[Sample]) -> list[dict]:
     """--scheme skew: nodes whose training splits reach --ks. Each node's class-balanced test set and the shared
-    set leave a training mix more skewed than the one assigned, so the assignment's own target is searched by
+    set (or the few-labels parts) leave a training mix more skewed than the one assigned, so the assignment's own target is searched by
     bisection (the training skew grows with it) for the one whose training splits come nearest --ks."""
     names = source.label_names
 
@@ -81,10 +81,16 @@ def skew_nodes(cfg: PartitionConfig, source: SourceData, samples: list[Sample]) 
         return [node_entry(cfg, "skew", i, name, members, names) for i, (name, members) in enumerate(assignment)]
 
     def reached(nodes: list[dict]) -> float:
-        trial = copy.deepcopy(nodes)
+        """The training splits' skew once the shared set, or the few-labels parts, are taken out, as make_manifest
+        takes them."""
+        trial, hidden = copy.deepcopy(nodes), {}
         if cfg.shared_fraction:
             shared_set.set_apart(trial, cfg.shared_fraction, names, cfg.seed)
-        return skew_of([[r["label"] for r in node["train"]] for node in trial], len(names))["label_skew_tv"]
+        elif semi_supervised(cfg):
+            _, hidden = label_parts.make_parts(trial, cfg.labeled_fraction, cfg.validation_fraction,
+                                               cfg.labeled_nodes, cfg.held_apart_fraction, cfg.held_apart_node, names,
+                                               cfg.seed)
+        return skew_of([label_parts.training_labels(node, hidden) for node in trial], len(names))["label_skew_tv"]
 
     def attempt(target: float) -> tuple[list[dict], float] | None:
         try:
