@@ -90,17 +90,17 @@ class Evaluator:
         if held is None:
             return []
         first = self.data.nodes[0] in self.local_nodes
-        scored = {key: model for key, model in models.items() if key in self.local_nodes
-                  or (first and key not in self.data.nodes)}
-        probs = {key: predict(model, held.images, self.device) for key, model in scored.items()}
         node_models = [key for key in models if key in self.data.nodes]
-        if first and len(node_models) > 1 and set(node_models) == set(self.data.nodes):
-            probs[ENSEMBLE] = np.mean([predict(models[k], held.images, self.device) if k not in probs else probs[k]
-                                       for k in node_models], axis=0)
+        ensemble = first and len(node_models) > 1 and set(node_models) == set(self.data.nodes)
+        probs = {key: predict(model, held.images, self.device) for key, model in models.items()
+                 if key in self.local_nodes or (first and key not in self.data.nodes) or ensemble}
+        rows = {key: p for key, p in probs.items() if key in self.local_nodes or key not in self.data.nodes}
+        if ensemble:
+            rows[ENSEMBLE] = np.mean([probs[k] for k in node_models], axis=0)
         y, manifest = held.labels.numpy(), self.data.manifest
         counts = self.resample_counts(GLOBAL_TEST, len(y))
         return [{"round": round_, "strategy": strategy, "model_node": key, "test_node": GLOBAL_TEST, "n_test": len(y),
-                 **evaluate(y, p, counts, manifest.positive_class, manifest["label_names"])} for key, p in probs.items()]
+                 **evaluate(y, p, counts, manifest.positive_class, manifest["label_names"])} for key, p in rows.items()]
 
     def resample_counts(self, node: str, n: int | None = None) -> np.ndarray:
         """The bootstrap resamples of a test set: drawn once per run, as every model and round shares them."""

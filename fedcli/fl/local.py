@@ -4,7 +4,7 @@ epochs over a primary source, optionally replaying a buffer) and an objective (f
 With replay, each mini-batch concatenates its b primary images with round(b x ratio) replay images in one
 forward pass (BatchNorm sees both; FedER's ratio is 1, half and half); the replay source is cycled without
 replacement, so an epoch has as many steps as without replay. An epoch's last, partial batch is kept (ceil(n / b)
-steps) or dropped (floor(n / b), full batches only: CWT's rule), `partial_batch_rule`.
+steps) or dropped (floor(n / b), full batches only: CWT's rule), `epoch_images`.
 The optimiser is a fresh Adam or SGD (momentum, weight decay) each call. The learning rate is constant,
 follows a cosine from lr to 0 over the run's whole budget, or is multiplied by a factor every so many epochs
 of it (step); one call trains the span `LocalSettings.span` of the budget (fractions at its first and after
@@ -76,9 +76,6 @@ class LocalSettings:
     def lr_sum(self, steps: int) -> float:
         """The sum of the learning rates of a call's `steps` optimiser steps (Scaffold's option II)."""
         return sum(self.lr_at(step, steps) for step in range(steps))
-
-
-PARTIAL_BATCH = ("keep", "drop")
 
 
 def epoch_images(n: int, batch: int, rule: str) -> int:

@@ -208,13 +208,12 @@ def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states:
     models/<key>.safetensors, predictions.safetensors (the final models' softmax on their own test sets, with the
     labels), shared/<name>.safetensors (samples of what the strategy sent, kept for an audit), the strategy's own
     tables (<name>.csv) and config.json, replacing `out` at once."""
-    everything = pd.DataFrame(rows)
-    on_global = everything["test_node"] == GLOBAL_TEST if len(everything) else pd.Series(dtype=bool)
-    metrics = everything[~on_global] if on_global.any() else everything
+    metrics = pd.DataFrame(own_site(rows))
+    held = [row for row in rows if row["test_node"] == GLOBAL_TEST]  # no BatchNorm diagnostic: no node's test set
     with staged_output(out, overwrite=overwrite) as stage:
         write_csv(stage / "metrics.csv", metrics.drop(columns=list(DIAGNOSTIC), errors="ignore"))
-        if on_global.any():
-            write_csv(stage / GLOBAL_TEST_FILE, everything[on_global].drop(columns=list(DIAGNOSTIC), errors="ignore"))
+        if held:
+            write_csv(stage / GLOBAL_TEST_FILE, pd.DataFrame(held))
         write_csv(stage / BUDGET, pd.DataFrame(list(spent), columns=["round", "key", "steps", "real", "replayed"]))
         write_csv(stage / "bn_statistics.csv", batchnorm_frame(metrics))
         write_csv(stage / "comm.csv", pd.DataFrame([t.__dict__ for t in transfers],

@@ -13,13 +13,12 @@ from collections import defaultdict
 
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
 
 from fedcli.config import LOWER_IS_BETTER
 from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.transport import EVERYONE
 from fedcli.report.collect import Run, Stat, SubExperiment, by_skew, global_score, own_scores, variant_label
-from fedcli.report.study import Built, Missing, ReportTable
+from fedcli.report.study import Built, Missing, ReportTable, t_half_width
 
 BASELINES = ("cwt", "fedavg", "central")  # what the replay methods are read against
 REPLAY_METHODS = ("cwt-replay", "fedavg-replay", "fedreplay")
@@ -71,7 +70,7 @@ def seed_interval(stat: Stat) -> str:
     """mean [low, high], the 95% t-interval of a mean over seeds; the mean alone from one seed."""
     if stat.n < 2:
         return str(stat)
-    half = float(scipy_stats.t.ppf(0.975, stat.n - 1)) * stat.std / np.sqrt(stat.n)
+    half = t_half_width(stat.std, stat.n)
     return f"{stat.mean:.3f} [{stat.mean - half:.3f}, {stat.mean + half:.3f}]"
 
 

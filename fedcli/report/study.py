@@ -350,9 +350,13 @@ def interval(differences: list[float]) -> str:
     """mean [low, high] of paired differences, the 95% t-interval over them; '-' with fewer than two."""
     if len(differences) < 2:
         return "-"
-    mean, sem = float(np.mean(differences)), float(np.std(differences, ddof=1) / np.sqrt(len(differences)))
-    half = float(scipy_stats.t.ppf(0.975, len(differences) - 1)) * sem
+    mean, half = float(np.mean(differences)), t_half_width(float(np.std(differences, ddof=1)), len(differences))
     return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
+def t_half_width(std: float, n: int) -> float:
+    """Half the width of the 95% t-interval of a mean of n values with sample std `std`."""
+    return float(scipy_stats.t.ppf(0.975, n - 1)) * std / np.sqrt(n)
 
 
 BN_TOLERANCE = 0.02  # the largest |refreshed - stored| a final accuracy may show and still be the weights' own

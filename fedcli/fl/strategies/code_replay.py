@@ -72,8 +72,9 @@ class CodeReplayOptions:
         return self.replay_share / (1 - self.replay_share)
 
     def objective(self) -> Supervised:
-        """The mean cross-entropy over a joined batch (Algorithm 1's L(theta; x_U)): each part weighted by its share."""
-        return Supervised(lam=1 - self.replay_share if self.replay_mix == "batch" else 0.5)
+        """Algorithm 1's loss over a joined batch: each part's cross-entropy weighted by its share (under union
+        every image is primary, so there is no second part to weigh)."""
+        return Supervised(lam=1 - self.replay_share)
 
 
 def replayed(fed: "Federation", options: CodeReplayOptions) -> dict[str, TensorSource]:
@@ -117,21 +118,18 @@ class ReplaysInBatches(TrainsOnUnion):
     options: CodeReplayOptions
 
     def trained_on(self, fed: "Federation", node: str) -> tuple[TensorSource, TensorSource | None]:
+        """The primary and replay sources: the joined set alone (union), or the real images and the received set."""
         if self.options.replay_mix == "union":
             return super().trained_on(fed, node)
         return fed.data.train[node], self.union[node]
 
-    def replay_train(self, fed: "Federation", model, node: str, round_: int, epochs: int, objective=None,
-                     partial: str = "keep") -> int:
-        """`epochs` epochs of `node` on its real images and its received set, as --replay-mix mixes them;
-        `partial`: the base strategy's rule for an epoch's last batch."""
-        if self.options.replay_mix == "union":
-            compose = (lambda p, r, s, g: Batches(p, r, s, g, partial=partial))
-            return fed.trainer.train(model, node, round_, self.sources(fed, node), None, epochs, objective, compose)
+    def replay_train(self, fed: "Federation", model, node: str, round_: int, epochs: int, partial: str = "keep") -> int:
+        """`epochs` epochs of `node` on its sources as --replay-mix mixes them; `partial`: the base strategy's rule
+        for an epoch's last batch."""
+        primary, replay = self.trained_on(fed, node)
         ratio = self.options.replay_ratio
         compose = (lambda p, r, s, g: Batches(p, r, s, g, partial=partial, replay_ratio=ratio))
-        return fed.trainer.train(model, node, round_, fed.data.train[node], self.union[node], epochs,
-                                 objective or self.options.objective(), compose)
+        return fed.trainer.train(model, node, round_, primary, replay, epochs, self.options.objective(), compose)
 
 
 class CwtReplay(ReplaysInBatches, CyclicWeightTransfer):
@@ -154,8 +152,7 @@ class FedAvgReplay(ReplaysInBatches, SharedDataAveraging):
         return replayed(fed, self.options)
 
     def train_node(self, fed: "Federation", node: str, round_: int, model, epochs: int, anchor) -> int:
-        objective = None if self.options.replay_mix == "batch" else self.objective(node, anchor)
-        return self.replay_train(fed, model, node, round_, epochs, objective)
+        return self.replay_train(fed, model, node, round_, epochs)
 
 
 DECLARED = (

@@ -50,10 +50,10 @@ class CwtOptions:
     forgetting: bool = forgetting_option()
 
 
-def full_batches(primary, replay, settings, generator, replay_ratio: float = 1.0) -> Batches:
+def full_batches(primary, replay, settings, generator) -> Batches:
     """floor(n / b) full batches per epoch (CWT's iterations per visit); all n images when n < b; --partial-batch
     keep overrides it."""
-    return Batches(primary, replay, settings, generator, partial="drop", replay_ratio=replay_ratio)
+    return Batches(primary, replay, settings, generator, partial="drop")
 
 
 class CyclicWeightTransfer(Strategy):
