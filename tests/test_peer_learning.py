@@ -17,18 +17,18 @@ from fedcli.data.manifest import Manifest
 from fedcli.fl import engine, stage
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.fixmatch import FixMatchSettings, SemiBatch
-from fedcli.fl.peer_teaching import PeerFixMatch, pseudo_labels
+from fedcli.fl.peer_teaching import PeerFixMatch, agreement_loss, pseudo_labels
 from fedcli.fl.trainer import LocalTrainer
 from fedcli.report.calibration import reliability, risk_coverage
 from fedcli.report.collect import Run, SubExperiment
-from fedcli.report.few_labels import few_labels_table
+from fedcli.report.few_labels import few_labels_table, improvement, models_received
 from fedcli.report.study import Missing
 
 # three of the four nodes train each round (--participation), so the engines and the resume are compared with it
 RUN = dict(rounds=3, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2,
-           confidence=0.5, participation=0.75)
+           confidence=0.25, participation=0.75)
 ARGS = ["--rounds", "3", "--epochs", "1", "--init-epochs", "0", "--batch", "8", "--bootstrap", "10", "--threads", "1",
-        "--ssl", "fixmatch", "--unlabeled-ratio", "2", "--confidence", "0.5", "--participation", "0.75"]
+        "--ssl", "fixmatch", "--unlabeled-ratio", "2", "--confidence", "0.25", "--participation", "0.75"]
 
 
 @pytest.fixture(scope="module")
@@ -90,20 +90,36 @@ def test_peers_help_label_and_pull_as_a_hand_computation():
     (0.3 * (((soft - p[0].detach()) ** 2).mean() + ((soft - p[1].detach()) ** 2).mean()) / 2).backward()
     assert logits.grad.abs().sum() > 0 and torch.allclose(logits.grad, manual.grad, atol=1e-7)
 
-    kl = PeerFixMatch(FixMatchSettings(confidence=1.0), peers, "agreement", "kl", beta=1.0).unlabelled(
-        weak_logits, strong_logits, batch)
+    everything = FixMatchSettings(confidence=0.0)
+    kl = PeerFixMatch(everything, peers, "agreement", "kl", beta=1.0).unlabelled(
+        weak_logits, strong_logits, batch)  # every image kept at threshold 0: the KL over all, plus the votes' CE
+    votes = F.one_hot(q.argmax(1), 3) + F.one_hot(p[0].argmax(1), 3) + F.one_hot(p[1].argmax(1), 3)
+    voted_ce = -torch.log_softmax(strong_logits, 1)[torch.arange(5), votes.argmax(1)].mean()
     by_hand = sum((pj * (pj.log() - q.log())).sum(1).mean() for pj in p) / 2
-    assert torch.allclose(kl, by_hand.detach(), atol=1e-6)
+    assert torch.allclose(kl, (everything.lambda_u * voted_ce + by_hand).detach(), atol=1e-6)
 
 
-def test_agreement_labels_by_the_confident_votes_ties_to_the_lower_class():
-    own = torch.tensor([[0.9, 0.1, 0.0], [0.4, 0.3, 0.3], [0.0, 0.1, 0.9], [0.3, 0.3, 0.4]])
-    peer_a = torch.tensor([[0.1, 0.9, 0.0], [0.3, 0.4, 0.3], [0.9, 0.1, 0.0], [0.3, 0.4, 0.3]])
-    peer_b = torch.tensor([[0.0, 0.8, 0.2], [0.3, 0.3, 0.4], [0.2, 0.2, 0.6], [0.4, 0.3, 0.3]])
-    mask, label = pseudo_labels("agreement", own, [peer_a, peer_b], 0.75)
-    # two confident votes for class 1 beat one for 0; nobody confident; one vote each for 2 and 0: the lower
-    assert mask.tolist() == [True, False, True, False]
-    assert label[mask].tolist() == [1, 0]
+def test_agreement_keeps_what_the_node_is_confident_of_and_lets_every_model_vote():
+    # FedMatch's code: the node's own confidence keeps an image; there every model's top class votes
+    own = torch.tensor([[0.96, 0.04], [0.60, 0.40], [0.97, 0.03], [0.98, 0.02]])
+    helper_a = torch.tensor([[0.40, 0.60], [0.97, 0.03], [0.10, 0.90], [0.30, 0.70]])
+    helper_b = torch.tensor([[0.45, 0.55], [0.97, 0.03], [0.99, 0.01], [0.50, 0.50]])
+    mask, label = pseudo_labels("agreement", own, [helper_a, helper_b], 0.95)
+    # votes 0, 1, 1 -> 1 (unconfident helpers vote); the node unconfident -> dropped whatever its helpers say;
+    # 0, 1, 0 -> 0; 0, 1, 0 (a tie of the helper's probabilities goes to class 0) -> 0
+    assert mask.tolist() == [True, False, True, True]
+    assert label[mask].tolist() == [1, 0, 0]
+    mask, label = pseudo_labels("agreement", own[:2], [helper_a[:2]], 0.95)
+    assert label[mask].tolist() == [0]  # one vote each: the lower class
+
+
+def test_fedmatch_consistency_runs_over_the_kept_images_only():
+    weak_logits = torch.log(torch.tensor([[0.96, 0.04], [0.60, 0.40], [0.97, 0.03]]))
+    helper = [torch.tensor([[0.40, 0.60], [0.97, 0.03], [0.10, 0.90]])]
+    kept = torch.tensor([True, False, True])
+    by_hand = sum(float((p * (p / q).log()).sum()) for p, q in ((helper[0][i], weak_logits[i].exp()) for i in (0, 2))) / 2
+    assert abs(float(agreement_loss("kl", weak_logits, helper, kept)) - by_hand) < 1e-6
+    assert float(agreement_loss("kl", weak_logits, helper, torch.zeros(3, dtype=torch.bool))) == 0.0
 
 
 @pytest.mark.parametrize("name", ["fedperl", "fedmatch"])
@@ -160,19 +176,33 @@ def test_participants_are_drawn_per_seed_and_round_and_only_they_train(few, tmp_
     assert comm.groupby("round").size().eq(4).all()  # every node joins the all-reduce, a left-out one with weight 0
 
 
-def test_an_anonymised_peer_is_one_model_the_mean_of_the_peers(reference, few, tmp_path):
+def test_local_baselines_train_every_round_whatever_the_participation(few, tmp_path, monkeypatch):
+    trained = []
+    original = LocalTrainer.train
+
+    def recording(self, model, key, round_, *args, **kwargs):
+        trained.append((round_, key))
+        return original(self, model, key, round_, *args, **kwargs)
+
+    monkeypatch.setattr(LocalTrainer, "train", recording)
+    stage.run(FederateConfig(exp=copy_exp(few, tmp_path), strategy=("standalone",), **RUN))
+    nodes = ["node0", "node1", "node2", "node3"]
+    assert sorted(trained) == sorted((r, node) for r in (0, 1, 2, 3) for node in nodes)  # 3 of 4 federate a round
+
+
+def test_anonymised_peers_go_through_the_server_and_no_client_receives_a_peer_model(reference, few, tmp_path):
+    # comm.csv is the transport's log of every transfer (both engines write the same: see the distributed test)
     comm = pd.read_csv(reference / "federate" / "fedperl" / "comm.csv")
     choices = pd.read_csv(reference / "federate" / "fedperl" / "peers.csv")
+    server = "node1"  # the default: the node holding the held-apart set
+    assert set(comm.kind) == {"all-reduce", "peer-model", "anonymised-peer"}  # the server validates on its own set
+    assert set(comm[comm.kind == "peer-model"].receiver) == {server}  # only the server receives individual models
     anonymised = comm[comm.kind == "anonymised-peer"]
-    # each node with peers downloads one model a round, from its most similar peer
-    first = choices[choices["rank"] == 1]
-    assert sorted(zip(anonymised["round"], anonymised.receiver, anonymised.sender)) == \
-        sorted(zip(first["round"], first.node, first.peer))
-    relayed = comm[comm.kind == "peer-model"]
-    others = choices[choices["rank"] > 1]
-    assert len(relayed) == len(others)
-    checked = comm[comm.kind == "peer-check"]  # the validation policy: every other trained node's model to the holder
-    assert set(checked.receiver) == {"node1"} and checked.groupby("round").size().le(3).all()
+    assert set(anonymised.sender) == {server}  # a client's one model comes from the server, naming no peer
+    served = choices[choices.node != server].groupby(["round", "node"]).size()
+    assert sorted(zip(anonymised["round"], anonymised.receiver)) == sorted(served.index)
+    assert anonymised.groupby(["round", "receiver"]).size().eq(1).all()  # one model, whatever T
+    assert not set(comm[comm.receiver != server].kind) - {"all-reduce", "anonymised-peer"}
     # with one peer, the anonymised model is that peer's model: the same numbers as without anonymisation
     runs = {}
     for anonymize in (False, True):
@@ -180,8 +210,27 @@ def test_an_anonymised_peer_is_one_model_the_mean_of_the_peers(reference, few, t
         stage.run(FederateConfig(exp=exp, strategy=("fedperl",), peers=1, anonymize=anonymize, **RUN))
         runs[anonymize] = exp
     assert model_bytes(runs[True], "fedperl") == model_bytes(runs[False], "fedperl")
-    kinds = [pd.read_csv(runs[a] / "federate" / "fedperl" / "comm.csv").groupby("kind").bytes.sum() for a in (0, 1)]
-    assert kinds[1]["anonymised-peer"] == kinds[0]["peer-model"] and "peer-model" not in kinds[1]
+    direct = pd.read_csv(runs[False] / "federate" / "fedperl" / "comm.csv")
+    peers_csv = pd.read_csv(runs[False] / "federate" / "fedperl" / "peers.csv")
+    sent = direct[direct.kind == "peer-model"]  # without anonymisation each peer sends to the node that chose it
+    assert sorted(zip(sent["round"], sent.sender, sent.receiver)) == \
+        sorted(zip(peers_csv["round"], peers_csv.peer, peers_csv.node))
+
+
+def test_ac_counted_from_real_transfers_is_100t_without_anonymisation_and_100_with_it(reference, few, tmp_path):
+    exp = copy_exp(few, tmp_path)
+    stage.run(FederateConfig(exp=exp, strategy=("fedperl",), peers=2, **RUN))
+    manifest = Manifest.load(few).data
+
+    def received(folder, **config):
+        return models_received(Run("x", None, config, pd.DataFrame(), pd.read_csv(folder / "comm.csv"), folder),
+                               manifest)
+
+    ssfl = received(reference / "federate" / "fedavg")
+    assert ssfl == 1.0  # the average, once a round
+    assert improvement(received(exp / "federate" / "fedperl"), ssfl) == 200  # T = 2 peer models
+    assert improvement(received(reference / "federate" / "fedperl", anonymize=True), ssfl) == 100
+    assert improvement(received(reference / "federate" / "fedmatch", anonymize=True), ssfl) == 100
 
 
 def test_gated_similarity_keeps_only_peers_above_the_threshold(few, tmp_path):
@@ -250,35 +299,59 @@ def test_fixmatch_weighs_the_unlabelled_term_as_before():
     assert torch.allclose(got, 2.0 * F.cross_entropy(strong[:1], torch.tensor([0])) / 2)
 
 
-def fake_run(strategy: str, scores: list[float], sent: int, tmp_path, **config) -> Run:
+def fake_run(strategy: str, scores: list[float], comm: pd.DataFrame, tmp_path, **config) -> Run:
     metrics = pd.DataFrame({"round": 3, "model_node": "global", "test_node": [f"node{i}" for i in range(len(scores))],
                             "f1_weighted": scores, "adaptive_ece": 0.1, "adaptive_mce": 0.2})
-    comm = pd.DataFrame({"round": [1, 1], "sender": ["node0", "node0"], "receiver": ["all", "node1"],
-                         "kind": ["all-reduce", "eval"], "bytes": [sent, 999]})
     folder = tmp_path / f"{strategy}-{len(list(tmp_path.iterdir()))}"
     folder.mkdir()
     return Run(strategy, None, {"ssl": "none", "labels": "visible", **config}, metrics, comm, folder)
 
 
-def test_the_few_labels_table_reads_every_variant_with_its_ri_and_ac(tmp_path):
+def transfers(rows: list[tuple[int, str, str, str]], size: int = 100) -> pd.DataFrame:
+    averages = [(r, f"node{i}", "all", "all-reduce") for r in (1, 2) for i in range(3)]
+    return pd.DataFrame(averages + rows + [(1, "node0", "node1", "eval")],
+                        columns=["round", "sender", "receiver", "kind"]).assign(bytes=size)
+
+
+# FedPerl's Table 2 (the paper), mean F1 over clients, and its printed RI (%) against the local lower bound
+TABLE_2 = {"lower local": (0.647, None), "lower fedavg": (0.698, 7.88), "ssfl": (0.734, 13.44),
+           "fedmatch": (0.739, 14.22), "fedperl T=1": (0.746, 15.30), "fedperl T=2": (0.747, 15.46),
+           "fedperl T=4": (0.741, 14.53), "PA fedperl T=5": (0.749, 15.77), "upper fedavg": (0.773, 19.47)}
+
+
+@pytest.mark.parametrize("row", [name for name, (_, ri) in TABLE_2.items() if ri is not None])
+def test_ri_from_table_2s_f1_scores_gives_its_printed_ri(row):
+    f1, printed = TABLE_2[row]
+    assert abs(improvement(f1, TABLE_2["lower local"][0]) - printed) < 0.1
+
+
+def test_the_few_labels_table_reads_ri_against_the_local_lower_bound_and_ac_in_models_received(tmp_path):
     manifest = {"nodes": [{"name": f"node{i}"} for i in range(3)],
                 "labels": {"fraction": 0.1, "held_apart": {"fraction": 0.1, "holder": "node1"}}}
-    lower = fake_run("fedavg", [0.5, 0.6, 0.7], 100, tmp_path)
-    ssfl = fake_run("fedavg", [0.6, 0.7, 0.8], 100, tmp_path, ssl="fixmatch")
-    perl = fake_run("fedperl", [0.66, 0.7, 0.86], 150, tmp_path, peers=2, anonymize=True, policy="static")
-    upper = fake_run("fedavg", [0.8, 0.9, 1.0], 100, tmp_path, labels="all")
-    subs = [SubExperiment(tmp_path, {}, manifest, [run], [], [], []) for run in (lower, ssfl, perl, upper)]
+    peer_to_each = [(r, f"node{(i + k) % 3}", f"node{i}", "peer-model") for r in (1, 2) for i in range(3) for k in (1, 2)]
+    through_server = ([(r, f"node{i}", "node1", "peer-model") for r in (1, 2) for i in (0, 2)]
+                      + [(r, "node1", f"node{i}", "anonymised-peer") for r in (1, 2) for i in (0, 2)])
+    runs = [fake_run("standalone", [0.6, 0.647, 0.694], transfers([]), tmp_path),
+            fake_run("fedavg", [0.698] * 3, transfers([]), tmp_path),
+            fake_run("fedavg", [0.734] * 3, transfers([]), tmp_path, ssl="fixmatch"),
+            fake_run("fedperl", [0.747] * 3, transfers(peer_to_each), tmp_path, peers=2, policy="static"),
+            fake_run("fedperl", [0.746] * 3, transfers(through_server), tmp_path, peers=2, anonymize=True),
+            fake_run("fedavg", [0.773] * 3, transfers([]), tmp_path, labels="all")]
+    subs = [SubExperiment(tmp_path, {}, manifest, [run], [], [], []) for run in runs]
     table = few_labels_table(subs, "f1_weighted")
     frame = table.frame
-    assert list(frame.index) == ["fedavg [labelled only]", "fedavg [FixMatch]", "fedperl (T=2, PA) [FixMatch]",
-                                 "fedavg [all labels]"]
-    perl_row = frame.loc["fedperl (T=2, PA) [FixMatch]"]
-    assert perl_row["f1_weighted: mean (median) ± std over clients"] == \
-        f"0.740 (0.700) ± {np.std([0.66, 0.7, 0.86]):.3f}"
-    assert perl_row["RI (%)"] == f"{100 * (0.74 - 0.6) / 0.6:+.1f}" and perl_row["AC (%)"] == "+50"
-    assert frame.loc["fedavg [FixMatch]", "AC (%)"] == "+0" and frame.loc["fedavg [labelled only]", "RI (%)"] == "+0.0"
+    assert list(frame.index) == ["standalone [labelled only]", "fedavg [labelled only]", "fedavg [FixMatch]",
+                                 "fedperl (T=2) [FixMatch]", "fedperl (T=2, PA) [FixMatch]", "fedavg [all labels]"]
+    assert frame.loc["fedavg [labelled only]", "f1_weighted: mean (median) ± std over clients"] == \
+        "0.698 (0.698) ± 0.000"
+    ri = frame["RI (%)"].astype(float)
+    assert abs(ri["fedavg [labelled only]"] - 7.88) < 0.1 and abs(ri["fedperl (T=2) [FixMatch]"] - 15.46) < 0.1
+    assert frame.loc["fedavg [labelled only]", "RI vs labelled-only FedAvg (%)"] == "+0.00"
+    # AC: T = 2 peers are 2 models beyond SSFL's one a round; anonymised, one (the server node1 left out)
+    assert frame["AC (%)"].tolist()[2:5] == ["+0", "+200", "+100"]
+    assert frame.loc["fedperl (T=2, PA) [FixMatch]", "bytes beyond SSFL (%)"] == "+133"  # 6 + 8 rows against 6
     assert "node1 held the held-apart set: real labelled images" in table.note
-    no_labels_hidden = [SubExperiment(tmp_path, {}, {"nodes": manifest["nodes"]}, [lower], [], [], [])]
+    no_labels_hidden = [SubExperiment(tmp_path, {}, {"nodes": manifest["nodes"]}, [runs[0]], [], [], [])]
     assert isinstance(few_labels_table(no_labels_hidden, "f1_weighted"), Missing)
 
 
@@ -300,6 +373,6 @@ def test_risk_coverage_and_reliability_as_a_hand_computation():
     coverage, risk, aurc = risk_coverage(labels, probs)
     assert coverage.tolist() == [0.25, 0.5, 0.75, 1.0] and risk.tolist() == [0, 0, 1 / 3, 0.5]
     assert aurc == pytest.approx((0 + 0 + 1 / 3 + 0.5) / 4)
-    confidence, accuracy, count = reliability(labels, probs)  # bins (8/15, 9/15]: .55 .58; (10/15, 11/15]: .7; .9
-    assert count.tolist() == [2, 1, 1] and accuracy.tolist() == [0, 1, 1]
-    assert confidence == pytest.approx([0.565, 0.7, 0.9])
+    confidence, accuracy, count = reliability(labels, probs)  # 40 images or fewer: one adaptive bin
+    assert count.tolist() == [4] and accuracy.tolist() == [0.5]
+    assert confidence == pytest.approx([(0.9 + 0.7 + 0.58 + 0.55) / 4])

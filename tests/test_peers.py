@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fedcli.fl.peers import allowed, anonymised, features, similarity, top_peers
+from fedcli.fl.peers import allowed, anonymised, choose, features, similarity, top_peers
 
 
 def tiny(values: list[list[float]]) -> list[torch.Tensor]:
@@ -53,7 +53,19 @@ def test_top_peers_are_the_most_similar_others_with_ties_to_the_lower_index():
 def test_each_policy_allows_its_peers_on_a_constructed_case(policy, threshold, expected):
     sim = torch.tensor([[1.0, 0.2, 0.9, 0.9], [0.2, 1.0, 0.1, 0.3], [0.9, 0.1, 1.0, 0.5], [0.9, 0.3, 0.5, 1.0]])
     accuracy = [0.7, 0.6, 0.7, 0.8]
-    assert allowed(0, policy, sim, accuracy, threshold) == expected
+    assert allowed(0, policy, sim, [1, 2, 3], accuracy, threshold) == expected
+
+
+@pytest.mark.parametrize("policy, threshold, expected", [
+    ("static", None, [1]), ("validation", None, []), ("gated-validation", 0.85, []), ("gated-similarity", 0.5, [1])])
+def test_a_policy_filters_the_top_peers_and_never_reaches_further_down_the_ranking(policy, threshold, expected):
+    # the paper's order: top-T by similarity first, then the policy. Client 0 (accuracy 0.70) has T = 1: its top
+    # peer, client 1 (0.9), validates at 0.60, so the validation policies keep no one, although client 3 (at
+    # similarity 0.1) validates at 0.90
+    sim = torch.tensor([[1.0, 0.9, 0.8, 0.1], [0.9, 1.0, 0.5, 0.2], [0.8, 0.5, 1.0, 0.3], [0.1, 0.2, 0.3, 1.0]])
+    accuracy = [0.70, 0.60, 0.65, 0.90]
+    assert choose(0, sim, 1, policy, accuracy, threshold) == expected
+    assert choose(0, sim, 3, "validation", accuracy) == [3]  # with T = 3 the ranking reaches client 3
 
 
 def test_the_anonymised_peer_is_the_mean_of_the_peers_models():

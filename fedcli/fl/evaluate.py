@@ -6,11 +6,11 @@ reading), AUROC and AUPRC (binary: of class 1; several classes: the macro mean o
 present; AUPRC is scikit-learn's average precision, the sum over thresholds of precision times the recall it
 adds), sensitivity and specificity (binary: of the positive class the partition names; several classes: each
 class one-vs-rest, `sensitivity:<class>`, and their macro mean; per class also `precision:<class>` and
-`f1:<class>`), the expected calibration error (ECE: top-label confidence in 15 equal-width bins, (k/15,
+`f1:<class>`, and FedPerl's Tables 6-7, `auroc:<class>` and `auprc:<class>`), the expected calibration error (ECE: top-label confidence in 15 equal-width bins, (k/15,
 (k+1)/15], the first one closed at 0, as Guo et al. 2017; the sum over bins of the share of images times
-|accuracy - mean confidence|), and the adaptive ECE and MCE (Ding et al. 2020, FedPerl's calibration: 15
-equal-mass bins, the test set's images in order of confidence split into 15 runs of sizes differing by at most
-one; ECE as above, MCE the largest gap of a bin). The predicted class is the first of the largest probabilities
+|accuracy - mean confidence|), and the adaptive ECE and MCE (Ding et al. 2020, FedPerl's calibration: the
+number and sizes of the bins chosen from the test set's confidences, fl/adaptive_bins.py; ECE as above, MCE the
+largest gap of a bin). The predicted class is the first of the largest probabilities
 (numpy's argmax), so tied probabilities go to the lower class index.
 
 The bootstrap resamples the test set B times from a stream keyed by (seed, test node) only, so every
@@ -30,13 +30,13 @@ import torch
 from torch import nn
 
 from fedcli.data.dataset import to_float
+from fedcli.fl.adaptive_bins import adaptive_bins
 from fedcli.rng import numpy_stream
 
 METRICS = ("accuracy", "balanced_accuracy", "f1_macro", "f1_weighted", "precision_macro", "precision_weighted",
            "recall_macro", "recall_weighted", "auroc", "auprc", "sensitivity", "specificity", "ece", "adaptive_ece",
            "adaptive_mce")
 ECE_BINS = 15
-ADAPTIVE_BINS = 15  # equal-mass bins of the adaptive ECE and MCE
 
 
 @torch.no_grad()
@@ -80,8 +80,8 @@ def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, positiv
         "precision_weighted": (share * precision).sum(axis=1),
         "recall_macro": mean_of_defined(np.where(seen, np.nan_to_num(recall), np.nan), axis=1),
         "recall_weighted": (share * np.nan_to_num(recall)).sum(axis=1),  # = accuracy
-        "auroc": auroc(y, probs, weights),
-        "auprc": average_precision(y, probs, weights),
+        "auroc": macro(areas := auroc(y, probs, weights), boots),
+        "auprc": macro(precisions := average_precision(y, probs, weights), boots),
         "ece": calibration_error(y, probs, weights),
         **adaptive_calibration(y, probs, weights),
     }
@@ -94,6 +94,8 @@ def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, positiv
         out[f"sensitivity:{name}"], out[f"specificity:{name}"] = recall[:, c], specificity[:, c]
         out[f"precision:{name}"] = np.where(pred_per_class[:, c] > 0, precision[:, c], np.nan)
         out[f"f1:{name}"] = f1[:, c]
+        out[f"auroc:{name}"] = areas.get(c, np.full(boots, np.nan))
+        out[f"auprc:{name}"] = precisions.get(c, np.full(boots, np.nan))
     return out
 
 
@@ -104,12 +106,8 @@ def calibration_error(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> 
 
 
 def adaptive_calibration(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
-    """Adaptive ECE and MCE per resample: ADAPTIVE_BINS equal-mass bins of the test set's top-label confidences."""
-    order = np.argsort(probs.max(axis=1), kind="stable")
-    bins = np.empty(len(y), dtype=int)
-    for b, members in enumerate(np.array_split(order, min(ADAPTIVE_BINS, len(y)))):
-        bins[members] = b
-    mass, gap = binned_gaps(y, probs, weights, bins)
+    """Adaptive ECE and MCE per resample, on Ding et al.'s bins of the test set's top-label confidences."""
+    mass, gap = binned_gaps(y, probs, weights, adaptive_bins(probs.max(axis=1)))
     with np.errstate(invalid="ignore", divide="ignore"):
         per_bin = np.where(mass > 0, gap / mass, -np.inf)  # a resample's empty bin is no bin of its MCE
     return {"adaptive_ece": gap.sum(axis=1) / weights.sum(axis=1), "adaptive_mce": per_bin.max(axis=1)}
@@ -137,8 +135,13 @@ def one_vs_rest_classes(probs: np.ndarray) -> list[int] | range:
     return [1] if probs.shape[1] == 2 else range(probs.shape[1])
 
 
-def average_precision(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Macro one-vs-rest average precision (binary: of class 1) per resample, over classes present: scikit-learn's
+def macro(per_class: dict[int, np.ndarray], boots: int) -> np.ndarray:
+    """The mean over the classes of their per-resample values (NaN where none is defined)."""
+    return mean_of_defined(np.stack(list(per_class.values())), axis=0) if per_class else np.full(boots, np.nan)
+
+
+def average_precision(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> dict[int, np.ndarray]:
+    """One-vs-rest average precision per class present (binary: class 1 alone) per resample: scikit-learn's
     sum over distinct thresholds of (recall step) x precision, with resample counts as sample weights. Two equal
     computations: by pairs (B n^2, in matrix products) and by sorting (B n per class, in cumulative sums); the
     pairs are faster up to about 200 images per class (measured: 120 images of 10 classes 2.6 against 23 ms for
@@ -158,22 +161,20 @@ def average_precision_by_pairs(y: np.ndarray, probs: np.ndarray, weights: np.nda
     true_positives = weights @ (at_least & (y[:, None] == y[None, :]))
     with np.errstate(invalid="ignore", divide="ignore"):
         weighted_precision = np.where(predicted > 0, true_positives / predicted, 0.0) * weights
-    per_class = []
+    per_class = {}
     for c in one_vs_rest_classes(probs):
         images = y == c
         if not images.any():
             continue
         total = weights[:, images].sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
-            per_class.append(np.where(total > 0, weighted_precision[:, images].sum(axis=1) / total, np.nan))
-    if not per_class:
-        return np.full(weights.shape[0], np.nan)
-    return mean_of_defined(np.stack(per_class), axis=0)
+            per_class[c] = np.where(total > 0, weighted_precision[:, images].sum(axis=1) / total, np.nan)
+    return per_class
 
 
-def average_precision_by_sorting(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def average_precision_by_sorting(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> dict[int, np.ndarray]:
     """Per class: the images sorted by score, cumulative weights read at each distinct threshold."""
-    per_class = []
+    per_class = {}
     for c in one_vs_rest_classes(probs):
         positive = (y == c).astype(float)
         if not positive.any():
@@ -189,15 +190,13 @@ def average_precision_by_sorting(y: np.ndarray, probs: np.ndarray, weights: np.n
             precision = np.where(predicted > 0, true_positives / predicted, 0.0)
             recall = true_positives / total
         steps = np.diff(np.concatenate([np.zeros((len(w), 1)), recall], axis=1), axis=1)
-        per_class.append(np.where(total[:, 0] > 0, (steps * precision).sum(axis=1), np.nan))
-    if not per_class:
-        return np.full(weights.shape[0], np.nan)
-    return mean_of_defined(np.stack(per_class), axis=0)
+        per_class[c] = np.where(total[:, 0] > 0, (steps * precision).sum(axis=1), np.nan)
+    return per_class
 
 
-def auroc(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Macro one-vs-rest AUROC (binary: of class 1) per resample, over classes with both sides present."""
-    per_class = []
+def auroc(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> dict[int, np.ndarray]:
+    """One-vs-rest AUROC (binary: of class 1 alone) per resample, per class with both sides present."""
+    per_class = {}
     for c in one_vs_rest_classes(probs):
         pos, neg = y == c, y != c
         if not pos.any() or not neg.any():
@@ -206,10 +205,8 @@ def auroc(y: np.ndarray, probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
         wins = (s_pos[:, None] > s_neg[None, :]) + 0.5 * (s_pos[:, None] == s_neg[None, :])
         w_pos, w_neg = weights[:, pos], weights[:, neg]
         with np.errstate(invalid="ignore", divide="ignore"):
-            per_class.append(((w_pos @ wins) * w_neg).sum(axis=1) / (w_pos.sum(1) * w_neg.sum(1)))
-    if not per_class:
-        return np.full(weights.shape[0], np.nan)
-    return mean_of_defined(np.stack(per_class), axis=0)
+            per_class[c] = ((w_pos @ wins) * w_neg).sum(axis=1) / (w_pos.sum(1) * w_neg.sum(1))
+    return per_class
 
 
 def mean_of_defined(values: np.ndarray, axis: int) -> np.ndarray:

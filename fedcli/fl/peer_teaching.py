@@ -3,11 +3,15 @@ the node's predictions towards theirs (FedPerl, Bdair et al. 2021; FedMatch, Jeo
 
 On each batch's weak views the peers (in eval mode, no gradient) give their softmax p_j; the node's own is q.
 - **Pseudo labels.** `mean` (FedPerl's paper): the mean of q and every p_j, its top class kept where its
-  probability reaches the threshold. `agreement` (FedMatch's): every model whose top probability reaches the
-  threshold votes for its class; the class with most votes (ties to the lower index) is kept where any model
-  voted. Then FixMatch's masked cross-entropy of the strong views, times lambda_u, as without peers.
+  probability reaches the threshold. `agreement` (FedMatch's code, wyjeong/FedMatch `loss_fn_u` and
+  `agreement_based_labeling`): an image is kept where the node's own top probability reaches the threshold, and
+  there every model (the node's and each peer's) votes for its top class, confident or not; the class with most
+  votes wins (ties to the lower index, numpy's argmax). FedMatch's paper describes only the vote; its code is
+  followed for who votes and which images count. Then FixMatch's masked cross-entropy of the strong views, times
+  lambda_u, as without peers.
 - **Consistency.** beta times the mean over the peers of `mse` (FedPerl: torch's MSELoss of q and p_j, averaged
-  over images and classes) or `kl` (FedMatch: KL(p_j || q), averaged over images), with the gradient through q.
+  over every image and class) or `kl` (FedMatch: KL(p_j || q) summed over classes and averaged over the kept
+  images only, as its code computes it on the confident images; none kept: 0), with the gradient through q.
   FedPerl's public code computes its MSE on detached predictions, so the term moves no weight there; fedcli
   follows the paper, in which it does.
 FedPerl's code forms its peer label as `np.sum([prob, np.sum(probs)], axis=0)`, which adds one scalar (the sum of
@@ -51,7 +55,7 @@ class PeerFixMatch(FixMatch):
         term = self.settings.lambda_u * masked_cross_entropy(strong_logits, pseudo, confident)
         if self.beta == 0:
             return term
-        return term + self.beta * agreement_loss(self.consistency, weak_logits, theirs)
+        return term + self.beta * agreement_loss(self.consistency, weak_logits, theirs, confident)
 
 
 def pseudo_labels(labelling: str, own: torch.Tensor, theirs: list[torch.Tensor], threshold: float
@@ -62,16 +66,17 @@ def pseudo_labels(labelling: str, own: torch.Tensor, theirs: list[torch.Tensor],
         return confidence >= threshold, label
     votes = torch.zeros_like(own)
     for probs in (own, *theirs):
-        confidence, label = probs.max(dim=1)
-        votes[torch.arange(len(label)), label] += (confidence >= threshold).to(votes.dtype)
-    most, label = votes.max(dim=1)  # the first of the most voted classes
-    return most > 0, label
+        votes[torch.arange(len(probs)), probs.argmax(dim=1)] += 1
+    return own.max(dim=1).values >= threshold, votes.argmax(dim=1)  # torch's argmax: the first of ties
 
 
-def agreement_loss(kind: str, weak_logits: torch.Tensor, theirs: list[torch.Tensor]) -> torch.Tensor:
-    """The mean over the peers of the node's distance to each peer's predictions (gradient through the node's)."""
+def agreement_loss(kind: str, weak_logits: torch.Tensor, theirs: list[torch.Tensor], kept: torch.Tensor
+                   ) -> torch.Tensor:
+    """The mean over the peers of the node's distance to each peer's predictions (gradient through the node's):
+    `mse` over every image, `kl` over the `kept` ones."""
     if kind == "mse":
         own = torch.softmax(weak_logits, dim=1)
         return torch.stack([F.mse_loss(own, probs) for probs in theirs]).mean()
-    log_own = torch.log_softmax(weak_logits, dim=1)
-    return torch.stack([F.kl_div(log_own, probs, reduction="batchmean") for probs in theirs]).mean()
+    log_own = torch.log_softmax(weak_logits[kept], dim=1)
+    per_peer = [F.kl_div(log_own, probs[kept], reduction="sum") for probs in theirs]
+    return torch.stack(per_peer).mean() / max(int(kept.sum()), 1)

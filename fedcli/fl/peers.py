@@ -7,10 +7,12 @@
 - **Similarity.** Each feature is min-max normalised across the clients (a feature equal at every client
   becomes 1), as the public code does: models that start from one initialisation differ little in raw
   statistics, so raw cosines are all near 1 and pick no one. Then the cosine similarity of every pair.
-- **Peers.** A client's top-T others by similarity (ties to the lower index), among those its policy allows:
-  `static` all; `validation` those whose accuracy on the held-apart set is at least the client's own;
-  `gated-validation` those whose accuracy is at least the threshold; `gated-similarity` those whose similarity
-  to the client is at least the threshold.
+- **Peers.** A client's top-T others by similarity (ties to the lower index), then those of them its policy
+  keeps, in the paper's order ("regardless of the used policy, we first select the top similar peers ... then
+  one of the above policies is applied"): `static` all; `validation` those whose accuracy on the held-apart set
+  is at least the client's own; `gated-validation` those whose accuracy is at least the threshold;
+  `gated-similarity` those whose similarity to the client is at least the threshold. A policy never reaches
+  further down the ranking for a peer it dropped, so a client may learn from fewer than T, or none.
 - **Anonymised peer.** The T peers' models averaged into one, which is all that travels to the client: less
   traffic, and the client cannot tell its peers apart.
 """
@@ -46,12 +48,18 @@ def similarity(client_features: torch.Tensor) -> torch.Tensor:
     return unit @ unit.T
 
 
-def allowed(client: int, policy: str, sim: torch.Tensor, accuracy: Sequence[float] | None = None,
-            threshold: float | None = None) -> list[int]:
-    """The other clients `policy` lets `client` learn from."""
-    others = [j for j in range(len(sim)) if j != client]
+def choose(client: int, sim: torch.Tensor, count: int, policy: str = "static",
+           accuracy: Sequence[float] | None = None, threshold: float | None = None) -> list[int]:
+    """`client`'s peers: its top-`count` others, then those `policy` keeps, most similar first."""
+    return allowed(client, policy, sim, top_peers(client, sim, count, [j for j in range(len(sim)) if j != client]),
+                   accuracy, threshold)
+
+
+def allowed(client: int, policy: str, sim: torch.Tensor, others: Sequence[int],
+            accuracy: Sequence[float] | None = None, threshold: float | None = None) -> list[int]:
+    """Those of `others` that `policy` lets `client` learn from, in their order."""
     if policy == "static":
-        return others
+        return list(others)
     if policy != "validation" and threshold is None:
         raise ValueError(f"policy {policy} needs a threshold")
     if policy == "gated-similarity":

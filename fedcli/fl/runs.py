@@ -119,6 +119,12 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
         if getattr(options, "policy", None) in VALIDATED and not manifest.data.get("labels", {}).get("held_apart"):
             raise UserError(f"{name} --policy {options.policy} scores peers on the held-apart set, which this partition "
                             "has none of; re-run fedcli partition --overwrite with --held-apart-fraction F")
+        holder = (manifest.data.get("labels", {}).get("held_apart") or {}).get("holder")
+        if getattr(options, "policy", None) in VALIDATED and getattr(options, "anonymize", False) \
+                and options.server_node not in (None, holder):
+            raise UserError(f"{name} --anonymize --policy {options.policy}: the server validates the peers on the "
+                            f"held-apart set, which {holder} holds, not --server-node {options.server_node}; drop "
+                            f"--server-node or name {holder}")
         if getattr(options, "policy_threshold", None) is not None and options.policy not in GATED:
             raise UserError(f"--policy-threshold applies to the gated policies ({', '.join(GATED)}), not to "
                             f"--policy {options.policy}; drop it or choose a gated policy")

@@ -113,8 +113,9 @@ def run(cfg: ReportConfig) -> Report:
             aurc = calibration.calibration_figure(few_labels.variants(subs), out / "figures" / "calibration.png")
             w.table(few_labels.few_labels_table(subs, metric, aurc))
             if aurc:
-                w.figure("calibration.png", "Reliability and risk-coverage per variant (every client's test set under "
-                         "its final model, seeds pooled)")
+                w.figure("calibration.png", "Reliability per client on Ding et al.'s adaptive bins, every variant a "
+                         "line (each client's own test set under its final model, seeds pooled), and each variant's "
+                         "risk-coverage curve (clients pooled)")
             for table in few_labels.community_tables(subs):
                 w.table(table)
         if figures.skew_figure(subs, metric, out / "figures" / "label_skew.png"):

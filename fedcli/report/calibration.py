@@ -1,7 +1,9 @@
-"""FedPerl's calibration figures from the final models' test-set predictions (predictions.safetensors), pooled over
-a variant's clients and seeds: the reliability diagram (accuracy against top-label confidence in 15 equal-width
-bins, as the ECE's) and the risk-coverage curve (the error rate among the most confident images as the share
-kept grows; its area, AURC, lower is better: Geifman and El-Yaniv 2017)."""
+"""FedPerl's calibration figures from the final models' test-set predictions (predictions.safetensors): per client
+(its own test set, pooled over a variant's seeds), the reliability diagram on Ding et al.'s adaptive bins (those
+of the adaptive ECE and MCE, fl/adaptive_bins.py: accuracy against each bin's mean top-label confidence), as
+FedPerl draws one per client; and per variant, pooled over clients and seeds, the risk-coverage curve (the error
+rate among the most confident images as the share kept grows; its area, AURC, lower is better: Geifman and
+El-Yaniv 2017)."""
 
 from __future__ import annotations
 
@@ -9,21 +11,28 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcli.fl.evaluate import equal_width_bins
+from fedcli.fl.adaptive_bins import adaptive_bins
 from fedcli.plotting import pyplot
 from fedcli.report.collect import Run, SubExperiment
 from fedcli.report.paired import own_predictions
 
 
+def by_client(runs: list[tuple[Run, SubExperiment]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each client's (labels, softmax) on its own test set under its final model, pooled over the runs (seeds)."""
+    labels: dict[str, list[np.ndarray]] = {}
+    probs: dict[str, list[np.ndarray]] = {}
+    for run, sub in runs:
+        for node, (y, p) in (own_predictions(run, sub.nodes, len(sub.manifest["label_names"])) or {}).items():
+            labels.setdefault(node, []).append(y)
+            probs.setdefault(node, []).append(p)
+    return {node: (np.concatenate(labels[node]), np.concatenate(probs[node])) for node in labels}
+
+
 def pooled(runs: list[tuple[Run, SubExperiment]]) -> tuple[np.ndarray, np.ndarray] | None:
     """(labels, softmax) of every client's own test set under its final model, over the runs; None without any."""
-    labels, probs = [], []
-    for run, sub in runs:
-        found = own_predictions(run, sub.nodes, len(sub.manifest["label_names"]))
-        for y, p in (found or {}).values():
-            labels.append(y)
-            probs.append(p)
-    return (np.concatenate(labels), np.concatenate(probs)) if labels else None
+    clients = by_client(runs)
+    return (np.concatenate([y for y, _ in clients.values()]), np.concatenate([p for _, p in clients.values()])) \
+        if clients else None
 
 
 def risk_coverage(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -36,35 +45,48 @@ def risk_coverage(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np
 
 
 def reliability(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per non-empty equal-width bin (k/15, (k+1)/15]: mean confidence, accuracy, images."""
+    """Per adaptive bin (the most confident first): mean confidence, accuracy, images."""
     confidence = probs.max(axis=1)
     correct = probs.argmax(axis=1) == labels
-    bins = equal_width_bins(confidence)
-    kept = sorted(set(bins.tolist()))
+    bins = adaptive_bins(confidence)
+    kept = range(int(bins.max()) + 1) if len(bins) else range(0)
     return (np.array([confidence[bins == b].mean() for b in kept]), np.array([correct[bins == b].mean() for b in kept]),
             np.array([(bins == b).sum() for b in kept]))
 
 
 def calibration_figure(variants: dict[str, list[tuple[Run, SubExperiment]]], path: Path) -> dict[str, float]:
-    """The reliability diagram and the risk-coverage curve of every variant with predictions; its AURCs."""
-    data = {name: found for name, runs in variants.items() if (found := pooled(runs)) is not None}
+    """Per client a reliability diagram with every variant's line, and every variant's risk-coverage curve (the
+    last panel); its AURCs."""
+    data = {name: found for name, runs in variants.items() if (found := by_client(runs))}
     if not data:
         return {}
+    clients = sorted({node for found in data.values() for node in found}, key=lambda n: (len(n), n))
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
-    left.plot([0, 1], [0, 1], color="gray", linewidth=0.8, linestyle=":")
+    columns = min(4, len(clients) + 1)
+    rows = -(-(len(clients) + 1) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.3 * rows), squeeze=False)
+    panels = list(axes.flat)
     aurc = {}
-    for i, (name, (labels, probs)) in enumerate(data.items()):
+    for i, (name, found) in enumerate(data.items()):
         style = "-" if i < 10 else "--"
-        confidence, accuracy, _ = reliability(labels, probs)
-        left.plot(confidence, accuracy, marker="o", markersize=3, linestyle=style, label=name)
+        for ax, node in zip(panels, clients):
+            if node in found:
+                confidence, accuracy, _ = reliability(*found[node])
+                ax.plot(confidence, accuracy, marker="o", markersize=3, linestyle=style, label=name)
+        labels, probs = pooled(variants[name])
         coverage, risk, aurc[name] = risk_coverage(labels, probs)
-        right.plot(coverage, risk, linestyle=style, label=f"{name} (AURC {aurc[name]:.3f})")
-    left.set(xlabel="top-label confidence (bin mean)", ylabel="accuracy", title="Reliability (15 equal-width bins)")
-    right.set(xlabel="coverage (most confident share kept)", ylabel="risk (error rate)", title="Risk-coverage")
-    for ax in (left, right):
+        panels[len(clients)].plot(coverage, risk, linestyle=style, label=f"{name} (AURC {aurc[name]:.3f})")
+    for ax, node in zip(panels, clients):
+        ax.plot([0, 1], [0, 1], color="gray", linewidth=0.8, linestyle=":")
+        ax.set(xlabel="top-label confidence (adaptive bin mean)", ylabel="accuracy", title=f"Reliability: {node}")
+    panels[len(clients)].set(xlabel="coverage (most confident share kept)", ylabel="risk (error rate)",
+                             title="Risk-coverage (clients pooled)")
+    for ax in panels[len(clients) + 1:]:
+        ax.axis("off")
+    for ax in panels[:len(clients) + 1]:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+    panels[0].legend(fontsize=5)
+    panels[len(clients)].legend(fontsize=5)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return aurc

@@ -20,11 +20,12 @@ import numpy as np
 import pandas as pd
 
 from fedcli.fl.strategies import REGISTRY
+from fedcli.fl.strategies.peer_learning import ANONYMISED, PEER_MODEL, peer_server
 from fedcli.report.collect import Run, SubExperiment, own_scores
 from fedcli.report.study import Built, Missing, ReportTable, nodes_of
 
 LOWER, SEMI, UPPER = "labelled only", "FixMatch", "all labels"
-BASELINE, SSFL = f"fedavg [{LOWER}]", f"fedavg [{SEMI}]"
+LOCAL, BASELINE, SSFL = f"standalone [{LOWER}]", f"fedavg [{LOWER}]", f"fedavg [{SEMI}]"
 
 
 def learnt_from(run: Run) -> str:
@@ -80,36 +81,71 @@ def training_bytes(run: Run) -> float:
     return float(run.comm[run.comm.kind != "eval"].bytes.sum()) if run.comm is not None else float("nan")
 
 
+def models_received(run: Run, manifest: dict) -> float:
+    """The models a client receives per round (the average, and its peer models), over the clients and rounds in
+    which it received a peer model (every client and round where none did); the anonymising server left out."""
+    comm = run.comm
+    if comm is None:
+        return float("nan")
+    anonymised = bool(run.config.get("anonymize"))
+    server = peer_server(run.config.get("server_node"), ((manifest.get("labels") or {}).get("held_apart") or {})
+                         .get("holder"), [node["name"] for node in manifest["nodes"]]) if anonymised else None
+    averages = comm[comm.kind == "all-reduce"].groupby(["round", "sender"]).size().rename_axis(["round", "client"])
+    teachers = comm[comm.kind == (ANONYMISED if anonymised else PEER_MODEL)]
+    taught = teachers.groupby(["round", "receiver"]).size().rename_axis(["round", "client"])
+    received = averages.add(taught, fill_value=0)
+    received = received[[client != server for _, client in received.index]]
+    if len(taught):
+        received = received[received.index.isin(taught.index)]
+    return float(received.mean()) if len(received) else float("nan")
+
+
+def improvement(value: float, reference: float) -> float:
+    """The relative improvement of `value` over `reference`, in percent (the paper's RI and AC)."""
+    return 100 * (value - reference) / reference
+
+
+def relative(value: float, reference: float, digits: int) -> str:
+    return f"{improvement(value, reference):+.{digits}f}" if reference and np.isfinite(reference) else ""
+
+
 def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, float] | None = None) -> Built:
     """`aurc`: each variant's area under its risk-coverage curve (report/calibration.py), a column where given."""
     title = "Few labels (FedPerl's Table 2): every variant over the clients"
-    by_variant = {name: [run for run, _ in pairs] for name, pairs in variants(subs).items()}
+    found = variants(subs)
+    by_variant = {name: [run for run, _ in pairs] for name, pairs in found.items()}
     if not by_variant:
         return Missing(title, "federate runs on a few-labels partition (partition --labeled-fraction)")
-    rows, means, sent, lower, ssfl = {}, {}, {}, {}, {}
+    rows, means, sent, models, refs = {}, {}, {}, {}, {}
     for name, group in by_variant.items():
-        share = participating(group[0].config)  # RI's and AC's references ran at the same participation
-        lower[name], ssfl[name] = labelled("fedavg", share, LOWER), labelled("fedavg", share, SEMI)
+        share = participating(group[0].config)  # the references ran at the same participation
+        refs[name] = (labelled("standalone", share, LOWER), labelled("fedavg", share, LOWER),
+                      labelled("fedavg", share, SEMI))
         scores = [np.array(list(own_scores(run.metrics, metric).values())) for run in group]
         means[name] = float(np.mean([s.mean() for s in scores]))
         sent[name] = float(np.mean([training_bytes(run) for run in group]))
+        models[name] = float(np.mean([models_received(run, sub.manifest) for run, sub in found[name]]))
         median, spread = np.mean([np.median(s) for s in scores]), np.mean([s.std() for s in scores])
         rows[name] = {f"{metric}: mean (median) ± std over clients": f"{means[name]:.3f} ({median:.3f}) ± {spread:.3f}",
                       "adaptive ECE": f"{client_mean(group, 'adaptive_ece'):.3f}",
                       "adaptive MCE": f"{client_mean(group, 'adaptive_mce'):.3f}",
                       **({"AURC": f"{aurc[name]:.3f}"} if aurc and name in aurc else {}), "seeds": str(len(group))}
     for name in rows:
-        base, same = lower[name], ssfl[name]
-        rows[name]["RI (%)"] = f"{100 * (means[name] - means[base]) / means[base]:+.1f}" if base in means else ""
-        rows[name]["AC (%)"] = f"{100 * (sent[name] - sent[same]) / sent[same]:+.0f}" if same in sent and sent[same] \
-            else ""
+        local, lower, ssfl = refs[name]
+        rows[name]["RI (%)"] = relative(means[name], means.get(local, float("nan")), 2)
+        rows[name]["RI vs labelled-only FedAvg (%)"] = relative(means[name], means.get(lower, float("nan")), 2)
+        rows[name]["AC (%)"] = relative(models[name], models.get(ssfl, float("nan")), 0)
+        rows[name]["bytes beyond SSFL (%)"] = relative(sent[name], sent.get(ssfl, float("nan")), 0)
     frame = pd.DataFrame(rows).T
     holders = sorted({(s.manifest.get("labels") or {}).get("held_apart", {}).get("holder")
                       for s in subs if s.manifest and (s.manifest.get("labels") or {}).get("held_apart")})
     note = (f"each client's own test set under the final model; per seed the mean (median) ± std over the clients, "
-            f"then the mean over the seeds; RI relative to {BASELINE}, AC the training bytes beyond {SSFL}'s "
-            "(comm.csv), each at the variant's participation and absent without that run; adaptive ECE and MCE: 15 "
-            "equal-mass bins, means over clients; AURC: the area under the risk-coverage curve, lower is better")
+            f"then the mean over the seeds; RI relative to {LOCAL} (the paper's), a second RI to {BASELINE}; AC the "
+            f"models a client receives per round beyond {SSFL}'s one, relative to it, per client and round with "
+            "peers, counted from comm.csv (the anonymising server left out); the bytes moved in training beyond "
+            f"{SSFL}'s, measured; each at the variant's participation and absent without that run; adaptive ECE and "
+            "MCE: Ding et al.'s adaptive bins (fl/adaptive_bins.py), means over clients; AURC: the area under the "
+            "risk-coverage curve, lower is better")
     if holders:
         note += (f". {', '.join(holders)} held the held-apart set: real labelled images from every node "
                  "(FedPerl's global validation set, read by the validation policies)")

@@ -2,24 +2,36 @@
 weight decomposition). Both are SSFL (FedAvg with FixMatch at every node, always on: they learn from unlabelled
 images) in which each node also learns, each round, from a few other nodes' models, its peers.
 
-Each round after the warm-up, once the nodes have trained local models (their models before the last average):
+Each round after the warm-up, once the nodes have trained local models (their models before the last average),
+the nodes training that round choose peers, in one of two ways.
+
+Without --anonymize (the paper's "w/o PA", serverless here):
 1. **Describe.** Every node describes its local model: FedPerl by the mean and standard deviation of every
    parameter tensor (fl/peers.py), FedMatch by its logits on one random image (uniform in [-1, 1], from the run's
    keyed stream, the same at every node). The descriptions are all-gathered, so every node computes the same
    similarity matrix (FedPerl: cosine after min-max normalisation; FedMatch: minus the Euclidean distance, the
-   nearest neighbours its KD-tree finds): no server.
-2. **Filter** (FedPerl's policies, fl/peers.py). The validation policies need every local model's accuracy on
-   the held-apart set: every node sends its local model to the node holding that set (kind `peer-check`),
-   which scores them all and tells everyone; it sees every local model, as FedPerl's server does.
-3. **Send.** Each node's top-T peers send it their local models (`peer-model`). With --anonymize the most
-   similar peer collects the others' models (`peer-model`) and sends the node their mean alone
-   (`anonymised-peer`): the node downloads one model instead of T and cannot tell its peers apart; the
-   collecting peer sees the others' models, as FedPerl's server does.
-4. **Learn.** The node trains from the global model with FixMatch whose pseudo labels its peers help form, plus
-   a consistency term (fl/peer_teaching.py); the models are then averaged as FedAvg's.
+   nearest neighbours its KD-tree finds). Every node thus learns every node's description and choice of peers.
+2. **Choose** (fl/peers.py): the top-T, then FedPerl's policy. The validation policies need every local model's
+   accuracy on the held-apart set: every node sends its local model to the node holding that set (kind
+   `peer-check`), which scores them all and tells everyone; it sees every local model, as FedPerl's server does.
+3. **Send.** Each node's peers send it their local models (`peer-model`): it receives T models and knows whose.
+
+With --anonymize (the paper's peer anonymisation, "at the server side"): a server does steps 1-3, as in the
+paper. --server-node (default the node holding the held-apart set, else the first node) plays it: every node with
+a local model sends it to the server (`peer-model`); the server describes them, computes the similarities,
+validates them on its held-apart set where the policy asks, chooses each training node's peers, averages them
+into one model (fl/peers.py) and sends it (`anonymised-peer`). The server sees what the paper's server sees:
+every local model, the similarities and every choice. A node receives one model, from the server, and learns
+neither who its peers are nor their models; whether a model comes at all (a policy may leave a node without
+peers) is the one fact the server tells it. `peers.csv` is the server's record; it reaches the results writer
+as metrics do, outside the protocol.
+
+Then each training node **learns**: from the global model with FixMatch whose pseudo labels its peers help form,
+plus a consistency term (fl/peer_teaching.py); the models are then averaged as FedAvg's.
 With --participation, only the round's participants choose peers and train; a peer is any node with a local model
-(its latest), and a participant without one yet learns without peers that round. With T = 0, or before the first peers, a round is SSFL's exactly. Every node's choice of peers is recorded
-(`peers.csv`: round, node, peer, rank, similarity), the community matrix's counts.
+(its latest), and a participant without one yet learns without peers that round. With T = 0, or before the first
+peers, a round is SSFL's exactly. `peers.csv` (round, node, peer, rank, similarity) is the community matrix's
+counts.
 
 Where the public code (tbdair/FedPerlV1.0) differs and fedcli follows the paper: its features add every
 BatchNorm running statistic and the validation accuracy and loss (fl/peers.py); its peers start at round 1 (here
@@ -45,6 +57,7 @@ from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.peer_teaching import PeerFixMatch
 from fedcli.fl.strategies.averaging import SHARED_STATISTICS, ServerAveraging
 from fedcli.fl.strategies.base import Declaration, flag, option
+from fedcli.fl.strategies.split_options import server_node
 from fedcli.rng import torch_stream
 
 if TYPE_CHECKING:
@@ -62,10 +75,12 @@ WEIGHTS, OUTPUTS = "weights", "outputs"  # how a model is described: FedPerl's, 
 class PeerOptions:
     peers: int = option(2, 0, 64, help="T: the peers whose models help label each node's unlabelled images "
                         "(0: SSFL).")
-    anonymize: bool = flag(False, "Peer anonymisation: each node receives one model, the mean of its T peers', "
-                           "instead of T models.")
+    anonymize: bool = flag(False, "Peer anonymisation at a server (--server-node): each node receives one model, "
+                           "the mean of its T peers', instead of T models, and learns neither who they are nor "
+                           "their models.")
     consistency: float = option(0.01, 0, 100, help="beta: weight of the consistency between a node's predictions "
                                 "on its unlabelled images and its peers' (FedPerl: MSE; FedMatch: KL).")
+    server_node: str | None = server_node()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +110,8 @@ class PeerLearning(ServerAveraging):
                                 dtype=torch.float32) * 2 - 1  # FedMatch's one random image, the same at every node
         self.own_models: dict[str, nn.Module] = {}  # each local node's model after its last local training
         self.teachers: dict[str, list[nn.Module]] = {}  # this round's peers of each local node
-        self.choices: list[dict] = []  # every node's peers, every round (every node holds them all)
+        self.choices: list[dict] = []  # every node's peers, every round (peers.csv)
+        self.server = peer_server(self.options.server_node, fed.data.held_apart_holder, fed.nodes)
 
     def train_and_average(self, fed: "Federation", round_: int, epochs: int) -> None:
         warmed = round_ > getattr(self.options, "warmup_rounds", 0)
@@ -115,30 +131,77 @@ class PeerLearning(ServerAveraging):
         return steps
 
     def exchange(self, fed: "Federation", round_: int, known: list[str]) -> dict[str, list[nn.Module]]:
-        """The peers of each node training this round, among the `known` nodes (those with a local model), chosen
-        alike at every node, and their models as this process's nodes receive them."""
-        participants = fed.participants(round_)
-        described = {node: self.description(fed, node) for node in fed.local_nodes if node in known}
-        gathered = {k: v for part in fed.transport.gather(described, "describing the models to choose peers")
-                    for k, v in part.items()}
-        matrix = torch.tensor([gathered[node] for node in known], dtype=torch.float64)
-        sim = peers.similarity(matrix) if self.describe == WEIGHTS else -torch.cdist(matrix, matrix)
+        """The peers' models of each node training this round (as this process's nodes receive them), chosen
+        among the `known` nodes (those with a local model)."""
+        if self.options.anonymize:
+            received = self.through_server(fed, round_, known)
+        else:
+            received = self.send_peers(fed, round_, self.serverless_choices(fed, round_, known))
+        return {node: [fed.trainer.rebuild(node, state) for state in states] for node, states in received.items()}
+
+    def choose(self, round_: int, participants: list[str], known: list[str], sim: torch.Tensor,
+               accuracy: list[float] | None) -> tuple[dict[str, list[str]], list[dict]]:
+        """Each participant's peers among `known` (rows and columns of `sim`), and their peers.csv rows."""
         policy = getattr(self.options, "policy", "static")
-        accuracy = self.held_apart_accuracy(fed, round_, known) if policy in VALIDATED else None
-        chosen = {node: [] for node in fed.nodes}
+        chosen, rows = {}, []
         for i, node in enumerate(known):
             if node not in participants:
                 continue
-            allowed = peers.allowed(i, policy, sim, accuracy, getattr(self.options, "policy_threshold", None))
-            ranked = peers.top_peers(i, sim, self.options.peers, allowed)
+            ranked = peers.choose(i, sim, self.options.peers, policy, accuracy,
+                                  getattr(self.options, "policy_threshold", None))
             chosen[node] = [known[j] for j in ranked]
-            self.choices += [{"round": round_, "node": node, "peer": known[j], "rank": rank + 1,
-                              "similarity": float(sim[i, j])} for rank, j in enumerate(ranked)]
-        return {node: [fed.trainer.rebuild(node, state) for state in states]
-                for node, states in self.send_peers(fed, round_, chosen).items()}
+            rows += [{"round": round_, "node": node, "peer": known[j], "rank": rank + 1,
+                      "similarity": float(sim[i, j])} for rank, j in enumerate(ranked)]
+        return chosen, rows
 
-    def description(self, fed: "Federation", node: str) -> list[float]:
-        model = self.own_models[node]
+    def similarity(self, described: dict[str, list[float]], known: list[str]) -> torch.Tensor:
+        matrix = torch.tensor([described[node] for node in known], dtype=torch.float64)
+        return peers.similarity(matrix) if self.describe == WEIGHTS else -torch.cdist(matrix, matrix)
+
+    def serverless_choices(self, fed: "Federation", round_: int, known: list[str]) -> dict[str, list[str]]:
+        """Every node's choice, computed alike at every node from the all-gathered descriptions."""
+        described = {node: self.description(fed, self.own_models[node]) for node in fed.local_nodes if node in known}
+        gathered = {k: v for part in fed.transport.gather(described, "describing the models to choose peers")
+                    for k, v in part.items()}
+        policy = getattr(self.options, "policy", "static")
+        accuracy = self.held_apart_accuracy(fed, round_, known) if policy in VALIDATED else None
+        chosen, rows = self.choose(round_, fed.participants(round_), known, self.similarity(gathered, known),
+                                   accuracy)
+        self.choices += rows
+        return {node: chosen.get(node, []) for node in fed.nodes}
+
+    def through_server(self, fed: "Federation", round_: int, known: list[str]
+                       ) -> dict[str, list[dict[str, torch.Tensor]]]:
+        """Peer anonymisation at the server: the local models go to it, each training node gets its peers' mean."""
+        server, template = self.server, self.global_model.state_dict()
+        for node in fed.local_nodes:
+            if node in known and node != server:
+                fed.transport.send(round_, node, server, PEER_MODEL, encode_model(self.own_models[node].state_dict()))
+        means, record = {}, {}
+        if server in fed.local_nodes:
+            models = {node: self.own_models[node] if node == server else fed.trainer.rebuild(
+                node, decode_model(fed.transport.receive(round_, node, server, PEER_MODEL), template))
+                for node in known}
+            sim = self.similarity({node: self.description(fed, model) for node, model in models.items()}, known)
+            accuracy = [held_apart_score(fed, models[node]) for node in known] \
+                if getattr(self.options, "policy", "static") in VALIDATED else None
+            chosen, rows = self.choose(round_, fed.participants(round_), known, sim, accuracy)
+            means = {node: peers.anonymised([models[p].state_dict() for p in its_peers])
+                     for node, its_peers in chosen.items() if its_peers}
+            record = {"rows": rows, "served": sorted(means)}
+        fed.transport.flush()
+        told = [part for part in fed.transport.gather(record, "the server's peer choices") if part]
+        self.choices += told[0]["rows"]
+        for node, mean in means.items():
+            if node != server:
+                fed.transport.send(round_, server, node, ANONYMISED, encode_model(mean))
+        received = {node: [means[node]] if node == server else
+                    [decode_model(fed.transport.receive(round_, server, node, ANONYMISED), template)]
+                    for node in fed.local_nodes if node in told[0]["served"]}
+        fed.transport.flush()
+        return received
+
+    def description(self, fed: "Federation", model: nn.Module) -> list[float]:
         if self.describe == WEIGHTS:
             return peers.features(list(model.parameters())).tolist()
         model.eval()
@@ -153,39 +216,25 @@ class PeerLearning(ServerAveraging):
                 fed.transport.send(round_, node, holder, PEER_CHECK, encode_model(self.own_models[node].state_dict()))
         scores = {}
         if holder in fed.local_nodes:
-            held = fed.data.held_apart()
             for node in known:
                 model = self.own_models[node] if node == holder else fed.trainer.rebuild(
                     node, decode_model(fed.transport.receive(round_, node, holder, PEER_CHECK), template))
-                predicted = predict(model, held.images, fed.trainer.device).argmax(axis=1)
-                scores[node] = float(np.mean(predicted == held.labels.numpy()))
+                scores[node] = held_apart_score(fed, model)
         fed.transport.flush()
         gathered = {k: v for part in fed.transport.gather(scores, "the held-apart accuracies") for k, v in part.items()}
         return [gathered[node] for node in known]
 
     def send_peers(self, fed: "Federation", round_: int, chosen: dict[str, list[str]]
                    ) -> dict[str, list[dict[str, torch.Tensor]]]:
-        """Each node's peers' models (or, anonymised, their mean, which the most similar peer collects and sends)."""
-        anonymize, template = self.options.anonymize, self.global_model.state_dict()
+        """Each node's peers' models, sent by each peer."""
+        template = self.global_model.state_dict()
         for sender in fed.local_nodes:
             for node, its_peers in chosen.items():
-                if sender in (its_peers[1:] if anonymize else its_peers):
-                    fed.transport.send(round_, sender, its_peers[0] if anonymize else node, PEER_MODEL,
+                if sender in its_peers:
+                    fed.transport.send(round_, sender, node, PEER_MODEL,
                                        encode_model(self.own_models[sender].state_dict()))
-        if anonymize:
-            for collector in fed.local_nodes:
-                for node, its_peers in chosen.items():
-                    if its_peers and its_peers[0] == collector:
-                        states = [self.own_models[collector].state_dict()] + [
-                            decode_model(fed.transport.receive(round_, peer, collector, PEER_MODEL), template)
-                            for peer in its_peers[1:]]
-                        fed.transport.send(round_, collector, node, ANONYMISED, encode_model(peers.anonymised(states)))
-        received = {}
-        for node in fed.local_nodes:
-            its_peers = chosen[node][:1] if anonymize else chosen[node]
-            kind = ANONYMISED if anonymize else PEER_MODEL
-            received[node] = [decode_model(fed.transport.receive(round_, peer, node, kind), template)
-                              for peer in its_peers]
+        received = {node: [decode_model(fed.transport.receive(round_, peer, node, PEER_MODEL), template)
+                           for peer in chosen[node]] for node in fed.local_nodes}
         fed.transport.flush()
         return received
 
@@ -203,6 +252,18 @@ class PeerLearning(ServerAveraging):
         self.own_models = {node: fed.trainer.rebuild(node, states[f"peer-local:{node}"]) for node in fed.local_nodes
                            if f"peer-local:{node}" in states}
         self.choices = choice_rows(states[CHOICES], fed.nodes) if CHOICES in states else []
+
+
+def held_apart_score(fed: "Federation", model: nn.Module) -> float:
+    """`model`'s accuracy on the held-apart set (read where the set's holder is local)."""
+    held = fed.data.held_apart()
+    return float(np.mean(predict(model, held.images, fed.trainer.device).argmax(axis=1) == held.labels.numpy()))
+
+
+def peer_server(server_node: str | None, holder: str | None, nodes: list[str]) -> str:
+    """The node that plays peer anonymisation's server: the one named, else the held-apart set's holder, else the
+    first node."""
+    return server_node or holder or nodes[0]
 
 
 def trained_before(fed: "Federation", round_: int) -> list[str]:

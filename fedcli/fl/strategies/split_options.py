@@ -1,5 +1,5 @@
 """The options of the strategies that cut the classifier in two (FedReplay, SplitNN): where, and which
-node plays the server that holds the top."""
+node plays the server that holds the top (the option peer anonymisation's server shares)."""
 
 from __future__ import annotations
 
@@ -23,5 +23,7 @@ def node(help: str) -> str | None:
 
 
 def server_node() -> str | None:
-    return node("The node that plays the server holding the top of the cut network: it sees every node's latents "
-                "or activations (fedreplay: the encoder node; splitnn: the last node).")
+    return node("The node that plays the study's server, and sees what that server sees: fedreplay's (default the "
+                "encoder node) and splitnn's (default the last node) hold the top of the cut network and see every "
+                "node's latents or activations; fedperl's and fedmatch's with --anonymize (default the node holding "
+                "the held-apart set, else the first) see every local model and choose and average each node's peers.")
