@@ -25,6 +25,8 @@ mean and of the percentiles.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import nn
@@ -32,6 +34,9 @@ from torch import nn
 from fedcli.data.dataset import to_float
 from fedcli.fl.adaptive_bins import adaptive_bins
 from fedcli.rng import numpy_stream
+
+if TYPE_CHECKING:
+    from fedcli.data.tensor_source import TensorSource
 
 METRICS = ("accuracy", "balanced_accuracy", "f1_macro", "f1_weighted", "precision_macro", "precision_weighted",
            "recall_macro", "recall_weighted", "auroc", "auprc", "sensitivity", "specificity", "ece", "adaptive_ece",
@@ -46,6 +51,15 @@ def predict(model: nn.Module, images: torch.Tensor, device: str = "cpu", batch: 
     out = [torch.softmax(model(to_float(images[i:i + batch]).to(device)), dim=1).cpu()
            for i in range(0, len(images), batch)]
     return torch.cat(out).double().numpy()
+
+
+def correct(model: nn.Module, source: "TensorSource", device: str = "cpu") -> np.ndarray:
+    """Per image of `source`: whether the model's most probable class is its label."""
+    return predict(model, source.images, device).argmax(axis=1) == source.labels.numpy()
+
+
+def accuracy(model: nn.Module, source: "TensorSource", device: str = "cpu") -> float:
+    return float(correct(model, source, device).mean())
 
 
 def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, positive: int = 1,
@@ -71,6 +85,7 @@ def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, positiv
     with np.errstate(invalid="ignore", divide="ignore"):
         specificity = np.where(negatives > 0, (negatives - (pred_per_class - hits)) / negatives, np.nan)
     share = true_per_class / weights.sum(axis=1, keepdims=True)  # the weighted averages' class weights
+    areas, precisions = auroc(y, probs, weights), average_precision(y, probs, weights)  # per class
     out = {
         "accuracy": hits.sum(axis=1) / weights.sum(axis=1),
         "balanced_accuracy": mean_of_defined(recall, axis=1),
@@ -80,8 +95,8 @@ def metric_values(y: np.ndarray, probs: np.ndarray, weights: np.ndarray, positiv
         "precision_weighted": (share * precision).sum(axis=1),
         "recall_macro": mean_of_defined(np.where(seen, np.nan_to_num(recall), np.nan), axis=1),
         "recall_weighted": (share * np.nan_to_num(recall)).sum(axis=1),  # = accuracy
-        "auroc": macro(areas := auroc(y, probs, weights), boots),
-        "auprc": macro(precisions := average_precision(y, probs, weights), boots),
+        "auroc": macro(areas, boots),
+        "auprc": macro(precisions, boots),
         "ece": calibration_error(y, probs, weights),
         **adaptive_calibration(y, probs, weights),
     }

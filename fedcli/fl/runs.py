@@ -107,6 +107,7 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
     if labels and (cfg.cv or cfg.fold is not None):
         raise UserError("--fold/--cv select by folds drawn before the labels were hidden, so a fold of a node's few "
                         "labelled images can miss a class; select without folds on a few-labels partition")
+    holder = ((labels or {}).get("held_apart") or {}).get("holder")
     for name in cfg.strategy:
         if REGISTRY[name].needs_shared_set and not manifest.data.get("shared_fraction"):
             raise UserError(f"{name} trains on a globally shared set, which this partition has none of; re-run "
@@ -119,7 +120,6 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
         if getattr(options, "policy", None) in VALIDATED and not manifest.data.get("labels", {}).get("held_apart"):
             raise UserError(f"{name} --policy {options.policy} scores peers on the held-apart set, which this partition "
                             "has none of; re-run fedcli partition --overwrite with --held-apart-fraction F")
-        holder = (manifest.data.get("labels", {}).get("held_apart") or {}).get("holder")
         if getattr(options, "policy", None) in VALIDATED and getattr(options, "anonymize", False) \
                 and options.server_node not in (None, holder):
             raise UserError(f"{name} --anonymize --policy {options.policy}: the server validates the peers on the "

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from fedcli.errors import UserError
-from fedcli.fl.evaluate import predict
+from fedcli.fl.evaluate import accuracy, correct
 from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.local import Batches, LocalSettings, train_local
 from fedcli.generators import Sampler
@@ -54,15 +54,6 @@ def config_budget(cfg, manifest) -> Budget:
     """A train-gan config's fidelity budget (`--fidelity-*`), with the partition's augmentations."""
     return Budget(model=cfg.fidelity_model, epochs=cfg.fidelity_epochs, lr=cfg.fidelity_lr, batch=cfg.fidelity_batch,
                   seeds=cfg.fidelity_seeds, augment=tuple(manifest.data.get("augment", ())))
-
-
-def correct(model: torch.nn.Module, source: TensorSource, device: str) -> np.ndarray:
-    """Per image of `source`: whether the model's most probable class is its label."""
-    return predict(model, source.images, device).argmax(axis=1) == source.labels.numpy()
-
-
-def accuracy(model: torch.nn.Module, source: TensorSource, device: str) -> float:
-    return float(correct(model, source, device).mean())
 
 
 def image_keys(images: torch.Tensor) -> list[bytes]:

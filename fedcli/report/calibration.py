@@ -28,11 +28,9 @@ def by_client(runs: list[tuple[Run, SubExperiment]]) -> dict[str, tuple[np.ndarr
     return {node: (np.concatenate(labels[node]), np.concatenate(probs[node])) for node in labels}
 
 
-def pooled(runs: list[tuple[Run, SubExperiment]]) -> tuple[np.ndarray, np.ndarray] | None:
-    """(labels, softmax) of every client's own test set under its final model, over the runs; None without any."""
-    clients = by_client(runs)
-    return (np.concatenate([y for y, _ in clients.values()]), np.concatenate([p for _, p in clients.values()])) \
-        if clients else None
+def pooled(clients: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every client's (labels, softmax) in one."""
+    return np.concatenate([y for y, _ in clients.values()]), np.concatenate([p for _, p in clients.values()])
 
 
 def risk_coverage(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -73,7 +71,7 @@ def calibration_figure(variants: dict[str, list[tuple[Run, SubExperiment]]], pat
             if node in found:
                 confidence, accuracy, _ = reliability(*found[node])
                 ax.plot(confidence, accuracy, marker="o", markersize=3, linestyle=style, label=name)
-        labels, probs = pooled(variants[name])
+        labels, probs = pooled(found)
         coverage, risk, aurc[name] = risk_coverage(labels, probs)
         panels[len(clients)].plot(coverage, risk, linestyle=style, label=f"{name} (AURC {aurc[name]:.3f})")
     for ax, node in zip(panels, clients):

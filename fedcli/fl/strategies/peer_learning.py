@@ -44,14 +44,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Literal
 
-import numpy as np
 import torch
 from torch import nn
 
 from fedcli.config import MAX_COUNT
 from fedcli.errors import UserError
 from fedcli.fl import peers
-from fedcli.fl.evaluate import predict
+from fedcli.fl.evaluate import accuracy
 from fedcli.fl.objectives import Objective
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.peer_teaching import PeerFixMatch
@@ -139,6 +138,11 @@ class PeerLearning(ServerAveraging):
             received = self.send_peers(fed, round_, self.serverless_choices(fed, round_, known))
         return {node: [fed.trainer.rebuild(node, state) for state in states] for node, states in received.items()}
 
+    @property
+    def validated(self) -> bool:
+        """Whether the policy reads the held-apart set."""
+        return getattr(self.options, "policy", "static") in VALIDATED
+
     def choose(self, round_: int, participants: list[str], known: list[str], sim: torch.Tensor,
                accuracy: list[float] | None) -> tuple[dict[str, list[str]], list[dict]]:
         """Each participant's peers among `known` (rows and columns of `sim`), and their peers.csv rows."""
@@ -163,10 +167,8 @@ class PeerLearning(ServerAveraging):
         described = {node: self.description(fed, self.own_models[node]) for node in fed.local_nodes if node in known}
         gathered = {k: v for part in fed.transport.gather(described, "describing the models to choose peers")
                     for k, v in part.items()}
-        policy = getattr(self.options, "policy", "static")
-        accuracy = self.held_apart_accuracy(fed, round_, known) if policy in VALIDATED else None
-        chosen, rows = self.choose(round_, fed.participants(round_), known, self.similarity(gathered, known),
-                                   accuracy)
+        scores = self.held_apart_accuracy(fed, round_, known) if self.validated else None
+        chosen, rows = self.choose(round_, fed.participants(round_), known, self.similarity(gathered, known), scores)
         self.choices += rows
         return {node: chosen.get(node, []) for node in fed.nodes}
 
@@ -183,9 +185,9 @@ class PeerLearning(ServerAveraging):
                 node, decode_model(fed.transport.receive(round_, node, server, PEER_MODEL), template))
                 for node in known}
             sim = self.similarity({node: self.description(fed, model) for node, model in models.items()}, known)
-            accuracy = [held_apart_score(fed, models[node]) for node in known] \
-                if getattr(self.options, "policy", "static") in VALIDATED else None
-            chosen, rows = self.choose(round_, fed.participants(round_), known, sim, accuracy)
+            scores = [accuracy(models[node], fed.data.held_apart(), fed.trainer.device) for node in known] \
+                if self.validated else None
+            chosen, rows = self.choose(round_, fed.participants(round_), known, sim, scores)
             means = {node: peers.anonymised([models[p].state_dict() for p in its_peers])
                      for node, its_peers in chosen.items() if its_peers}
             record = {"rows": rows, "served": sorted(means)}
@@ -219,7 +221,7 @@ class PeerLearning(ServerAveraging):
             for node in known:
                 model = self.own_models[node] if node == holder else fed.trainer.rebuild(
                     node, decode_model(fed.transport.receive(round_, node, holder, PEER_CHECK), template))
-                scores[node] = held_apart_score(fed, model)
+                scores[node] = accuracy(model, fed.data.held_apart(), fed.trainer.device)
         fed.transport.flush()
         gathered = {k: v for part in fed.transport.gather(scores, "the held-apart accuracies") for k, v in part.items()}
         return [gathered[node] for node in known]
@@ -252,12 +254,6 @@ class PeerLearning(ServerAveraging):
         self.own_models = {node: fed.trainer.rebuild(node, states[f"peer-local:{node}"]) for node in fed.local_nodes
                            if f"peer-local:{node}" in states}
         self.choices = choice_rows(states[CHOICES], fed.nodes) if CHOICES in states else []
-
-
-def held_apart_score(fed: "Federation", model: nn.Module) -> float:
-    """`model`'s accuracy on the held-apart set (read where the set's holder is local)."""
-    held = fed.data.held_apart()
-    return float(np.mean(predict(model, held.images, fed.trainer.device).argmax(axis=1) == held.labels.numpy()))
 
 
 def peer_server(server_node: str | None, holder: str | None, nodes: list[str]) -> str:
