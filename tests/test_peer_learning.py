@@ -15,12 +15,13 @@ from conftest import Cli, copy_exp
 from fedcli.artifacts import load_tensors
 from fedcli.data.manifest import Manifest
 from fedcli.fl import engine, stage
+from fedcli.fl.evaluate import predict
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.fixmatch import FixMatchSettings, SemiBatch
 from fedcli.fl.peer_teaching import PeerFixMatch, agreement_loss, pseudo_labels
 from fedcli.fl.trainer import LocalTrainer
 from fedcli.report.calibration import reliability, risk_coverage
-from fedcli.report.collect import Run, SubExperiment
+from fedcli.report.collect import Run, SubExperiment, best_validation_scores
 from fedcli.report.few_labels import few_labels_table, improvement, models_received
 from fedcli.report.study import Missing
 
@@ -154,13 +155,8 @@ def participants(exp, round_) -> list[str]:
     return engine.build(cfg, Manifest.load(exp), 0).participants(round_)
 
 
-def test_participants_are_drawn_per_seed_and_round_and_only_they_train(few, tmp_path, monkeypatch):
-    drawn = [participants(few, round_) for round_ in range(4)]
-    assert drawn[0] == ["node0", "node1", "node2", "node3"]  # round 0: everyone
-    assert all(len(d) == 3 for d in drawn[1:]) and len({tuple(d) for d in drawn[1:]}) > 1
-    assert drawn == [participants(few, round_) for round_ in range(4)]
-    cfg = FederateConfig(exp=few, strategy=("fedavg",), **{**RUN, "participation": 0.2})
-    assert len(engine.build(cfg, Manifest.load(few), 0).participants(1)) == 1  # at least one
+def recorded_training(monkeypatch) -> list[tuple[int, str]]:
+    """The (round, key) of every LocalTrainer.train call from here on."""
     trained = []
     original = LocalTrainer.train
 
@@ -169,6 +165,17 @@ def test_participants_are_drawn_per_seed_and_round_and_only_they_train(few, tmp_
         return original(self, model, key, round_, *args, **kwargs)
 
     monkeypatch.setattr(LocalTrainer, "train", recording)
+    return trained
+
+
+def test_participants_are_drawn_per_seed_and_round_and_only_they_train(few, tmp_path, monkeypatch):
+    drawn = [participants(few, round_) for round_ in range(4)]
+    assert drawn[0] == ["node0", "node1", "node2", "node3"]  # round 0: everyone
+    assert all(len(d) == 3 for d in drawn[1:]) and len({tuple(d) for d in drawn[1:]}) > 1
+    assert drawn == [participants(few, round_) for round_ in range(4)]
+    cfg = FederateConfig(exp=few, strategy=("fedavg",), **{**RUN, "participation": 0.2})
+    assert len(engine.build(cfg, Manifest.load(few), 0).participants(1)) == 1  # at least one
+    trained = recorded_training(monkeypatch)
     exp = copy_exp(few, tmp_path)
     stage.run(FederateConfig(exp=exp, strategy=("fedavg",), **RUN))
     assert sorted(trained) == sorted((r, node) for r in (1, 2, 3) for node in participants(few, r))
@@ -177,14 +184,7 @@ def test_participants_are_drawn_per_seed_and_round_and_only_they_train(few, tmp_
 
 
 def test_local_baselines_train_every_round_whatever_the_participation(few, tmp_path, monkeypatch):
-    trained = []
-    original = LocalTrainer.train
-
-    def recording(self, model, key, round_, *args, **kwargs):
-        trained.append((round_, key))
-        return original(self, model, key, round_, *args, **kwargs)
-
-    monkeypatch.setattr(LocalTrainer, "train", recording)
+    trained = recorded_training(monkeypatch)
     stage.run(FederateConfig(exp=copy_exp(few, tmp_path), strategy=("standalone",), **RUN))
     nodes = ["node0", "node1", "node2", "node3"]
     assert sorted(trained) == sorted((r, node) for r in (0, 1, 2, 3) for node in nodes)  # 3 of 4 federate a round
@@ -275,6 +275,8 @@ def test_a_peer_learning_run_resumes_to_the_same_numbers(reference, few, tmp_pat
     (["--policy", "gated-validation"], "needs --policy-threshold"),
     (["--participation", "0.5", "--strategy", "scaffold"], "which scaffold has no rule for"),
     (["--policy", "static", "--policy-threshold", "0.9"], "applies to the gated policies"),
+    (["--anonymize", "--policy", "validation", "--server-node", "node0"],
+     "the server validates the peers on the held-apart set, which node1 holds, not --server-node node0"),
 ])
 def test_policy_mistakes_are_refused_in_one_line(few, cli, args, says):
     assert says in cli.user_error("federate", "--exp", few, "--strategy", "fedperl", *args, "--rounds", "1",
@@ -376,3 +378,38 @@ def test_risk_coverage_and_reliability_as_a_hand_computation():
     confidence, accuracy, count = reliability(labels, probs)  # 40 images or fewer: one adaptive bin
     assert count.tolist() == [4] and accuracy.tolist() == [0.5]
     assert confidence == pytest.approx([(0.9 + 0.7 + 0.58 + 0.55) / 4])
+
+
+def test_best_validation_reads_each_clients_round_of_best_validation_accuracy_only():
+    metrics = pd.DataFrame({"round": [1, 1, 2, 2, 3, 3], "model_node": "global",
+                            "test_node": ["node0", "node1"] * 3, "f1_weighted": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+                            "validation_accuracy": [0.5, 0.9, 0.8, 0.2, 0.8, 0.3]})
+    assert best_validation_scores(metrics, "f1_weighted") == {"node0": 0.3, "node1": 0.2}  # the first of ties
+    shuffled = metrics.assign(f1_weighted=metrics.f1_weighted[::-1].to_numpy())  # the test scores do not choose
+    assert best_validation_scores(shuffled, "f1_weighted") == {"node0": 0.4, "node1": 0.5}
+    assert best_validation_scores(metrics.drop(columns="validation_accuracy"), "f1_weighted") == {}
+
+
+def test_every_evaluated_round_scores_each_clients_validation_part(cli, tmp_path):
+    exp = tmp_path / "exp"
+    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--labeled-fraction", "0.3", "--validation-fraction",
+           "0.3", "--exp", exp)
+    cli.ok("federate", "--exp", exp, "--strategy", "fedavg", "--strategy", "standalone", "--rounds", "2",
+           "--epochs", "1", "--init-epochs", "0", "--batch", "8", "--bootstrap", "10", "--threads", "1")
+    fed = engine.build(FederateConfig(exp=exp, strategy=("fedavg",), threads=1), Manifest.load(exp), 0)
+    for name, key in (("fedavg", lambda node: "global"), ("standalone", lambda node: node)):
+        metrics = pd.read_csv(exp / "federate" / name / "metrics.csv")
+        scored = metrics[metrics.model_node != "ensemble"]  # the ensemble has no one model to score
+        assert set(metrics["round"]) == {0, 1, 2} and scored.validation_accuracy.notna().all()
+        final = metrics[(metrics["round"] == 2) & (metrics.model_node == metrics.test_node.map(key))]
+        assert len(final) == 3
+        for row in final.itertuples():  # the saved final model, scored here on the node's validation part
+            held = fed.data.validation[row.test_node]
+            model = fed.trainer.new_model(row.test_node)
+            model.load_state_dict(load_tensors(exp / "federate" / name / "models" / f"{row.model_node}.safetensors",
+                                               "model"))
+            predicted = predict(model, held.images).argmax(axis=1)
+            assert len(held.labels) and row.validation_accuracy == pytest.approx(
+                float((predicted == held.labels.numpy()).mean()))
+    cli.ok("report", exp)
+    assert "each client's best-validation model" in (exp / "report" / "report.md").read_text()

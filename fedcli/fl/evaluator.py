@@ -12,7 +12,7 @@ from torch import nn
 
 from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.batchnorm_check import has_batchnorm, reestimated, refresh_batches
-from fedcli.fl.evaluate import evaluate, predict, resample_counts
+from fedcli.fl.evaluate import accuracy, evaluate, predict, resample_counts
 from fedcli.fl.node_data import NodeData
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.strategies import REGISTRY
@@ -81,7 +81,18 @@ class Evaluator:
                 y = self.data.test[row["test_node"]].labels.numpy()
                 for column, p in variants.items():
                     row[column] = float((p[row["model_node"]][row["test_node"]].argmax(axis=1) == y).mean())
+        if self.data.has_validation:
+            self.add_validation_accuracy(rows, models)
         return rows + self.on_global_test(strategy, round_, models)
+
+    def add_validation_accuracy(self, rows: list[dict], models: dict[str, nn.Module]) -> None:
+        """Each row's `validation_accuracy`: its model's accuracy on its test node's validation part (a few-labels
+        partition's, never trained on), by which the report's best-validation reading selects, as FedPerl's authors
+        keep each client's model of best validation accuracy; NaN for the ensemble and an empty part."""
+        for row in rows:
+            held, model = self.data.validation[row["test_node"]], models.get(row["model_node"])
+            row["validation_accuracy"] = accuracy(model, held, self.device) if model is not None and len(held.labels) \
+                else float("nan")
 
     def on_global_test(self, strategy: str, round_: int, models: dict[str, nn.Module]) -> list[dict]:
         """The rows of the global test set (test node GLOBAL_TEST): each model scored once, a node's model by its

@@ -64,6 +64,8 @@ class NodeData:
         self.shared = LazySources(lambda node: self.images.get(node, "shared", None))  # its part of the shared set
         self.unlabeled = LazySources(lambda node: self.images.get(node, "unlabeled", None) if oracle is None
                                      else empty(self.images.get(node, "unlabeled", None)))  # labels: UNSEEN
+        self.validation = LazySources(lambda node: self.images.get(node, "validation", None))  # few labels' part
+        self.has_validation = bool((manifest.data.get("labels") or {}).get("validation_fraction"))
         self.codecs = LazySources(codecs or (lambda node: None))  # a node's VQ-VAE-2 and codes (fedcli/vqvae/codec.py)
         self._global_test: TensorSource | None = None
         held_apart = (manifest.data.get("labels") or {}).get("held_apart")

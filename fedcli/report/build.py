@@ -112,6 +112,7 @@ def run(cfg: ReportConfig) -> Report:
         if few_labels.few_labels_runs(subs):  # FedPerl's readings, for experiments that hide labels
             aurc = calibration.calibration_figure(few_labels.variants(subs), out / "figures" / "calibration.png")
             w.table(few_labels.few_labels_table(subs, metric, aurc))
+            w.table(few_labels.few_labels_table(subs, metric, model="best-validation"))
             if aurc:
                 w.figure("calibration.png", "Reliability per client on Ding et al.'s adaptive bins, every variant a "
                          "line (each client's own test set under its final model, seeds pooled), and each variant's "

@@ -260,6 +260,16 @@ def own_scores(metrics: pd.DataFrame, metric: str) -> dict[str, float]:
     return {str(r.test_node): float(getattr(r, metric)) for r in own_rows(final_rows(metrics)).itertuples()}
 
 
+def best_validation_scores(metrics: pd.DataFrame, metric: str) -> dict[str, float]:
+    """Each node's own-test-set score under its model of the evaluated round with the best accuracy on the node's
+    validation part (the first such round), as FedPerl's authors report; {} without validation accuracies."""
+    if "validation_accuracy" not in metrics:
+        return {}
+    rows = own_rows(metrics).dropna(subset=["validation_accuracy"]).sort_values("round", kind="stable")
+    best = rows.loc[rows.groupby("test_node").validation_accuracy.idxmax()]
+    return {str(r.test_node): float(getattr(r, metric)) for r in best.itertuples()}
+
+
 def cross_scores(metrics: pd.DataFrame, metric: str, nodes: list[str]) -> dict[str, list[float]]:
     """For each test set: every node model's score on it, final round (node convergence)."""
     rows = final_rows(metrics)

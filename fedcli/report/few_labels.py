@@ -21,7 +21,7 @@ import pandas as pd
 
 from fedcli.fl.strategies import REGISTRY
 from fedcli.fl.strategies.peer_learning import ANONYMISED, PEER_MODEL, peer_server
-from fedcli.report.collect import Run, SubExperiment, own_scores
+from fedcli.report.collect import Run, SubExperiment, best_validation_scores, own_scores
 from fedcli.report.study import Built, Missing, ReportTable, nodes_of
 
 LOWER, SEMI, UPPER = "labelled only", "FixMatch", "all labels"
@@ -72,9 +72,12 @@ def labelled(strategy: str, details: list[str], learnt: str) -> str:
     return f"{strategy}{shown} [{learnt}]"
 
 
-def client_mean(runs: list[Run], metric: str) -> float:
+MODELS = {"last": own_scores, "best-validation": best_validation_scores}  # which model of each client is read
+
+
+def client_mean(runs: list[Run], metric: str, model: str = "last") -> float:
     """The mean over runs of the mean over clients of `metric`."""
-    return float(np.mean([np.mean(list(own_scores(run.metrics, metric).values())) for run in runs]))
+    return float(np.mean([np.mean(list(MODELS[model](run.metrics, metric).values())) for run in runs]))
 
 
 def training_bytes(run: Run) -> float:
@@ -109,26 +112,34 @@ def relative(value: float, reference: float, digits: int) -> str:
     return f"{improvement(value, reference):+.{digits}f}" if reference and np.isfinite(reference) else ""
 
 
-def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, float] | None = None) -> Built:
-    """`aurc`: each variant's area under its risk-coverage curve (report/calibration.py), a column where given."""
-    title = "Few labels (FedPerl's Table 2): every variant over the clients"
+def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, float] | None = None,
+                     model: str = "last") -> Built:
+    """`aurc`: each variant's area under its risk-coverage curve (report/calibration.py), a column where given.
+    `model`: each client's final model (`last`), or its model of the evaluated round with the best accuracy on
+    its validation part (`best-validation`, the authors' reading)."""
+    title = "Few labels (FedPerl's Table 2): every variant over the clients" + (
+        "" if model == "last" else ", each client's best-validation model")
     found = variants(subs)
+    if model != "last":
+        found = {name: pairs for name, pairs in found.items()
+                 if all(best_validation_scores(run.metrics, metric) for run, _ in pairs)}
     by_variant = {name: [run for run, _ in pairs] for name, pairs in found.items()}
     if not by_variant:
-        return Missing(title, "federate runs on a few-labels partition (partition --labeled-fraction)")
+        return Missing(title, "federate runs on a few-labels partition (partition --labeled-fraction)" + (
+            "" if model == "last" else " with validation parts (--validation-fraction), evaluated every round"))
     rows, means, sent, models, refs = {}, {}, {}, {}, {}
     for name, group in by_variant.items():
         share = participating(group[0].config)  # the references ran at the same participation
         refs[name] = (labelled("standalone", share, LOWER), labelled("fedavg", share, LOWER),
                       labelled("fedavg", share, SEMI))
-        scores = [np.array(list(own_scores(run.metrics, metric).values())) for run in group]
+        scores = [np.array(list(MODELS[model](run.metrics, metric).values())) for run in group]
         means[name] = float(np.mean([s.mean() for s in scores]))
         sent[name] = float(np.mean([training_bytes(run) for run in group]))
         models[name] = float(np.mean([models_received(run, sub.manifest) for run, sub in found[name]]))
         median, spread = np.mean([np.median(s) for s in scores]), np.mean([s.std() for s in scores])
         rows[name] = {f"{metric}: mean (median) ± std over clients": f"{means[name]:.3f} ({median:.3f}) ± {spread:.3f}",
-                      "adaptive ECE": f"{client_mean(group, 'adaptive_ece'):.3f}",
-                      "adaptive MCE": f"{client_mean(group, 'adaptive_mce'):.3f}",
+                      "adaptive ECE": f"{client_mean(group, 'adaptive_ece', model):.3f}",
+                      "adaptive MCE": f"{client_mean(group, 'adaptive_mce', model):.3f}",
                       **({"AURC": f"{aurc[name]:.3f}"} if aurc and name in aurc else {}), "seeds": str(len(group))}
     for name in rows:
         local, lower, ssfl = refs[name]
@@ -139,7 +150,9 @@ def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, flo
     frame = pd.DataFrame(rows).T
     holders = sorted({(s.manifest.get("labels") or {}).get("held_apart", {}).get("holder")
                       for s in subs if s.manifest and (s.manifest.get("labels") or {}).get("held_apart")})
-    note = (f"each client's own test set under the final model; per seed the mean (median) ± std over the clients, "
+    reading = "the final model" if model == "last" else (
+        "its model of the evaluated round with the best accuracy on its validation part (the first such round)")
+    note = (f"each client's own test set under {reading}; per seed the mean (median) ± std over the clients, "
             f"then the mean over the seeds; RI relative to {LOCAL} (the paper's), a second RI to {BASELINE}; AC the "
             f"models a client receives per round beyond {SSFL}'s one, relative to it, per client and round with "
             "peers, counted from comm.csv (the anonymising server left out); the bytes moved in training beyond "
@@ -149,7 +162,8 @@ def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, flo
     if holders:
         note += (f". {', '.join(holders)} held the held-apart set: real labelled images from every node "
                  "(FedPerl's global validation set, read by the validation policies)")
-    return ReportTable("few_labels", title, frame, note, rows_are="variant")
+    return ReportTable("few_labels" if model == "last" else "few_labels_best_validation", title, frame, note,
+                       rows_are="variant")
 
 
 def community_tables(subs: list[SubExperiment]) -> list[Built]:
