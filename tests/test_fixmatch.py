@@ -80,12 +80,40 @@ def test_semi_batches_add_mu_unlabelled_images_per_labelled_one_and_keep_the_lab
     settings = LocalSettings(epochs=2, lr=0.1, batch=4)
     plain = list(Batches(labelled, None, settings, torch_stream(0, "n", 1, "local-train")))
     semi = list(SemiBatches(Batches(labelled, None, settings, torch_stream(0, "n", 1, "local-train")), unlabelled, 3,
-                            (), torch_stream(0, "n", 1, "fixmatch")))
+                            (), torch_stream(0, "n", 1, "fixmatch"), settings))
     assert len(semi) == len(plain) == 6
     for a, b in zip(plain, semi):
         assert torch.equal(a.x, b.x) and torch.equal(a.labels, b.labels)  # the supervised run's batches
         assert len(b.weak) == len(b.strong) == 3 * b.n_primary
     empty = TensorSource(unlabelled.images[:0], unlabelled.labels[:0])
     none = list(SemiBatches(Batches(labelled, None, settings, torch_stream(0, "n", 1, "local-train")), empty, 3, (),
-                            torch_stream(0, "n", 1, "fixmatch")))
+                            torch_stream(0, "n", 1, "fixmatch"), settings))
     assert all(len(b.weak) == 0 for b in none)
+
+
+def test_a_node_without_labels_takes_unlabelled_batches_alone_and_the_unlabelled_term_alone():
+    """FedPerl's scenarios 2 and 4: mu B unlabelled images a step, enough steps to cover them once an epoch
+    (or --steps-per-round), and a loss without a supervised part (no NaN from an empty cross-entropy)."""
+    import dataclasses
+
+    from fedcli.data.tensor_source import TensorSource
+    from fedcli.fl.fixmatch import SemiBatches
+    from fedcli.fl.local import Batches, LocalSettings
+    from fedcli.rng import torch_stream
+
+    generator = torch.Generator().manual_seed(0)
+    unlabelled = TensorSource(torch.randint(0, 256, (25, 1, 8, 8), generator=generator, dtype=torch.uint8),
+                              torch.full((25,), -1))
+    nothing = TensorSource(unlabelled.images[:0], torch.zeros(0, dtype=torch.int64))
+    settings = LocalSettings(epochs=2, lr=0.1, batch=4)
+    for given, steps in ((settings, 2 * 3), (dataclasses.replace(settings, epoch_steps=5), 2 * 5)):  # ceil(25/12)
+        batches = list(SemiBatches(Batches(nothing, None, given, torch_stream(0, "n", 1, "local-train")), unlabelled,
+                                   3, (), torch_stream(0, "n", 1, "fixmatch"), given))
+        assert len(batches) == steps and all(len(b.x) == 0 and len(b.weak) == len(b.strong) == 12 for b in batches)
+    model = Table(3 * torch.randn(64, 3, generator=generator))
+    batch = batches[0]
+    loss = FixMatch(FixMatchSettings(confidence=0.5)).loss(model, batch)
+    weak, strong = model(batch.weak), model(batch.strong)
+    confidence, pseudo = torch.softmax(weak, 1).max(1)
+    expected = (nn.functional.cross_entropy(strong, pseudo, reduction="none") * (confidence >= 0.5)).mean()
+    assert torch.isfinite(loss) and torch.allclose(loss, expected)

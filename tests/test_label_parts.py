@@ -144,9 +144,10 @@ def test_permuting_the_hidden_labels_changes_no_model_metric_or_prediction(cli, 
                "--fid-images", "16", "--fidelity-seeds", "0", "--buffer-size", "20", "--threads", "1")
         cli.ok("federate", "--exp", exp, "--strategy", "fedavg", "--strategy", "feder", "--strategy", "fedperl",
                "--ssl", "fixmatch", "--unlabeled-ratio", "1", "--rounds", "2", "--epochs", "1", "--init-epochs", "0",
-               "--batch", "32", "--buffer-size", "20", "--bootstrap", "10", "--threads", "1")
+               "--batch", "32", "--buffer-size", "20", "--bootstrap", "10", "--threads", "1", "--steps-per-round", "3")
         cli.ok("federate", "--exp", exp, "--strategy", "standalone", "--labels", "all", "--rounds", "1", "--epochs",
-               "1", "--init-epochs", "0", "--batch", "32", "--bootstrap", "10", "--threads", "1")  # the oracle
+               "1", "--init-epochs", "0", "--batch", "32", "--bootstrap", "10", "--threads", "1", "--steps-per-round",
+               "3")  # the oracle
         runs[name] = exp
     for node in ("node0", "node1", "node2"):
         buffers = [runs[name] / "gan" / node / "buffer.safetensors" for name in runs]
@@ -163,13 +164,13 @@ def test_permuting_the_hidden_labels_changes_no_model_metric_or_prediction(cli, 
                               for m in models)
 
 
-def test_a_node_without_labels_is_refused_by_federate_and_train_gan_in_one_line(parts, cli, tmp_path):
+def test_a_node_without_labels_is_refused_by_what_needs_labels_everywhere_in_one_line(parts, cli, tmp_path):
     from conftest import copy_exp
 
     _, few = parts
     exp = copy_exp(few.path.parent.parent, tmp_path)
     assert "node node1 holds no labelled image" in cli.user_error(
-        "federate", "--exp", exp, "--strategy", "fedavg", "--rounds", "1", "--threads", "1")
+        "federate", "--exp", exp, "--strategy", "scaffold", "--rounds", "1", "--threads", "1")
     assert "node node1 holds no labelled training image" in cli.user_error(
         "train-gan", "--exp", exp, "--node", "node1", "--threads", "1")
 

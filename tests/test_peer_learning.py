@@ -27,9 +27,10 @@ from fedcli.report.study import Missing
 
 # three of the four nodes train each round (--participation), so the engines and the resume are compared with it
 RUN = dict(rounds=3, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2,
-           confidence=0.25, participation=0.75)
+           confidence=0.25, participation=0.75, steps_per_round=4)
 ARGS = ["--rounds", "3", "--epochs", "1", "--init-epochs", "0", "--batch", "8", "--bootstrap", "10", "--threads", "1",
-        "--ssl", "fixmatch", "--unlabeled-ratio", "2", "--confidence", "0.25", "--participation", "0.75"]
+        "--ssl", "fixmatch", "--unlabeled-ratio", "2", "--confidence", "0.25", "--participation", "0.75",
+        "--steps-per-round", "4"]
 
 
 @pytest.fixture(scope="module")

@@ -332,6 +332,7 @@ labeled-fraction = 0.2
 rounds = 1
 epochs = 1
 init-epochs = 0
+steps-per-round = 2
 bootstrap = 10
 
 [[sweep.variants]]

@@ -22,7 +22,8 @@ from fedcli.fl.strategies.fedprox import Proximal
 from fedcli.pipeline.runner import federate_key
 from fedcli.rng import torch_stream
 
-RUN = dict(rounds=2, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2)
+RUN = dict(rounds=2, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2,
+           steps_per_round=4)
 
 
 @pytest.fixture(scope="module")

@@ -56,16 +56,20 @@ class Federation:
         return self.trainer.seed
 
     def train_sizes(self) -> dict[str, int]:
-        """Every node's number of training images (the averaging weights), gathered once."""
+        """Every node's number of training images (the averaging weights), gathered once: its labelled images and,
+        under --ssl, its unlabelled ones, which it trains on too (all of a node's in FedPerl's scenarios 2 and 4)."""
         if self._train_sizes is None:
-            local = {node: len(self.data.train[node]) for node in self.local_nodes}
+            local = {node: len(self.data.train[node]) + (len(self.data.unlabeled[node]) if self.trainer.semi else 0)
+                     for node in self.local_nodes}
             self._train_sizes = {k: v for part in self.transport.gather(local, "sharing train sizes")
                                  for k, v in part.items()}
         return self._train_sizes
 
     def averaging_weights(self) -> dict[str, int]:
-        """Each node's weight in an average: its train-set size (`samples`) or 1 (`equal`)."""
-        return self.train_sizes() if self.weighting == "samples" else dict.fromkeys(self.nodes, 1)
+        """Each node's weight in an average: its train-set size (`samples`) or 1 (`equal`); 0 for a node with
+        nothing to train on (no labels and no --ssl), which would only bring back the model it was sent."""
+        sizes = self.train_sizes()
+        return sizes if self.weighting == "samples" else {node: int(size > 0) for node, size in sizes.items()}
 
     def participants(self, round_: int) -> list[str]:
         """The nodes that train in round `round_` (--participation): every node in round 0, then round(share x

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Iterator, Sized
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedcli.data.dataset import to_float
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl.local import Cycler
+from fedcli.fl.local import Cycler, LocalSettings
 from fedcli.fl.objectives import Batch, Objective, Supervised, Wrapped, replay_loss
 
 
@@ -55,10 +57,11 @@ class FixMatch(Objective):
     def loss(self, model: nn.Module, batch: SemiBatch) -> torch.Tensor:
         n, u = len(batch.x), len(batch.weak)
         logits = model(torch.cat([batch.x, batch.weak, batch.strong]))
+        unlabelled = self.unlabelled(logits[n:n + u], logits[n + u:], batch) if u else None
+        if n == 0:  # a node without labels (FedPerl's scenarios 2 and 4): the unlabelled term alone
+            return unlabelled
         supervised = replay_loss(logits[:n], batch.labels, batch.n_primary, self.settings.lam)
-        if u == 0:
-            return supervised
-        return supervised + self.unlabelled(logits[n:n + u], logits[n + u:], batch)
+        return supervised if unlabelled is None else supervised + unlabelled
 
     def unlabelled(self, weak_logits: torch.Tensor, strong_logits: torch.Tensor, batch: SemiBatch) -> torch.Tensor:
         """The unlabelled images' term: lambda_u times the masked cross-entropy of the strong views against the
@@ -75,21 +78,28 @@ def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: torch
 class SemiBatches:
     """A strategy's batches, each joined by mu unlabelled images per labelled one, in their weak and strong views.
     The unlabelled images are cycled without replacement from their own keyed stream, so the labelled batches
-    are the supervised run's, draw for draw."""
+    are the supervised run's, draw for draw. A node without labelled images (FedPerl's scenarios 2 and 4) takes
+    batches of mu B unlabelled images alone: --steps-per-round of them an epoch, else as many as cover its
+    unlabelled images once (ceil(n_u / (mu B)))."""
 
     def __init__(self, labelled: Sized, unlabelled: TensorSource, mu: int, flips: tuple[str, ...],
-                 generator: torch.Generator):
+                 generator: torch.Generator, settings: LocalSettings):
         self.labelled, self.unlabelled, self.mu, self.flips, self.generator = labelled, unlabelled, mu, flips, generator
+        self.batch = settings.batch  # an unlabelled-only batch holds mu times as many images
+        per_epoch = settings.epoch_steps or math.ceil(len(unlabelled) / (mu * settings.batch))
+        self.unlabelled_only = settings.epochs * per_epoch if len(labelled) == 0 and len(unlabelled) else 0
 
     def __len__(self) -> int:
-        return len(self.labelled)
+        return self.unlabelled_only or len(self.labelled)
 
     def __iter__(self) -> Iterator[SemiBatch]:
         from fedcli.data.fixmatch_augment import strong_view, weak_view  # torchvision: not on the CLI's start-up path
 
         draws = Cycler(self.unlabelled, self.generator) if len(self.unlabelled) else None
-        for batch in self.labelled:
-            index = draws.take(self.mu * batch.n_primary) if draws else torch.empty(0, dtype=torch.long)
+        nothing = Batch(to_float(self.unlabelled.images[:0]), self.unlabelled.labels[:0], 0)
+        labelled = [nothing] * self.unlabelled_only if self.unlabelled_only else self.labelled
+        for batch in labelled:
+            index = draws.take(self.mu * (batch.n_primary or self.batch)) if draws else torch.empty(0, dtype=torch.long)
             raw = self.unlabelled.images[index]
             yield SemiBatch(batch.x, batch.labels, batch.n_primary, weak_view(raw, self.flips, self.generator),
                             strong_view(raw, self.flips, self.generator))

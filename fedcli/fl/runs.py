@@ -88,20 +88,28 @@ def planned_runs(cfg: FederateConfig, manifest: Manifest) -> list[tuple[str, int
     return [(name, fold) for name in cfg.strategy for fold in folds]
 
 
+WITHOUT_LABELS = ("standalone", "fedavg", "fedprox", "fedmatch", "fedperl")  # FedPerl's family, scenarios 2 and 4
+
+
 def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
     """What each strategy needs of the partition and the model: a shared set where it reads one, node options
     (a server's or an encoder's rank) naming one of the partition's nodes, a cut the model has."""
     nodes = manifest.node_names
     labels = manifest.data.get("labels")
     unlabelled = [node for node in nodes if labels and node not in labels["labeled_nodes"]]
-    if unlabelled:
-        raise UserError(f"node {unlabelled[0]} holds no labelled image (partition --labeled-nodes), and federate "
-                        "trains on visible labels only: partition with every node labelled (a few labels each: "
-                        "--labeled-fraction)")
-    if cfg.ssl != "none" and not (labels and labels["fraction"] < 1):
+    refused = [name for name in cfg.strategy if name not in WITHOUT_LABELS]
+    if unlabelled and refused:
+        raise UserError(f"node {unlabelled[0]} holds no labelled image (partition --labeled-nodes), and {refused[0]} "
+                        f"trains on visible labels at every node; on FedPerl's scenarios 2 and 4 run "
+                        f"{', '.join(WITHOUT_LABELS)}, or partition with every node labelled (--labeled-fraction)")
+    if cfg.ssl == "none" and "standalone" in cfg.strategy and labels and not labels["labeled_nodes"]:
+        raise UserError("standalone without --ssl has no labelled image to train on at any node (every label is held "
+                        "apart); add --ssl fixmatch, or run fedavg, whose server trains on the held-apart set")
+    hides = bool(labels and (labels["fraction"] < 1 or unlabelled))  # some training image is unlabelled
+    if cfg.ssl != "none" and not hides:
         raise UserError(f"--ssl {cfg.ssl} learns from unlabelled images, and this partition labels every training "
                         "image; re-run fedcli partition --overwrite with --labeled-fraction F")
-    if cfg.labels == "all" and not (labels and labels["fraction"] < 1):
+    if cfg.labels == "all" and not hides:
         raise UserError("--labels all gives the unlabelled images their hidden labels, and this partition hides none; "
                         "drop --labels all (every label is already visible)")
     if labels and (cfg.cv or cfg.fold is not None):

@@ -4,6 +4,7 @@ strategy (init-epochs + R x E epochs), and the keyed stream of each (key, round)
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sized
 from pathlib import Path
 
@@ -106,7 +107,16 @@ class LocalTrainer:
                              budget_epochs=budget.total_epochs, step_epochs=budget.lr_step_epochs,
                              step_factor=budget.lr_step_factor, optimizer_name=budget.optimizer,
                              momentum=budget.sgd_momentum, weight_decay=budget.weight_decay,
-                             epoch_steps=budget.epoch_steps, partial_batch=budget.partial_batch)
+                             epoch_steps=self.epoch_steps(key), partial_batch=budget.partial_batch)
+
+    def epoch_steps(self, key: str) -> int | None:
+        """--steps-per-round, else on a few-labels partition the steps of an epoch over all of a node's training
+        images, labelled or not: the fully labelled upper bound's epoch, which the lower bounds and FixMatch then
+        take too (over a few labels an epoch is a handful of steps, too few for any model to learn: issue 55);
+        else None, an epoch over the labelled images."""
+        if self.budget.epoch_steps or not (self.data.hides_labels and key in self.data.nodes):
+            return self.budget.epoch_steps
+        return math.ceil(self.data.training_images(key) / self.batch_of(key))
 
     def train(self, model: nn.Module, key: str, round_: int, primary: TensorSource, replay: TensorSource | None,
               epochs: int, objective: Objective | None = None, compose: Compose = Batches) -> int:
@@ -117,7 +127,7 @@ class LocalTrainer:
         batches = compose(primary, replay, settings, torch_stream(self.seed, key, round_, "local-train"))
         if self.semi is not None and key in self.data.nodes:  # --ssl: the node's unlabelled images join
             batches = SemiBatches(batches, self.data.unlabeled[key], self.semi.mu, self.data.augment,
-                                  torch_stream(self.seed, key, round_, "fixmatch"))
+                                  torch_stream(self.seed, key, round_, "fixmatch"), settings)
             objective = with_fixmatch(objective or Supervised(), self.semi.fixmatch)
         seen = {"real": 0, "replayed": 0}
 

@@ -7,6 +7,12 @@ process, an all-reduce between processes: no server), so every node ends with th
 Subclasses change one hook: the objective a node trains with (`objective`), what happens around a node's
 training (`train_node`), or how the average becomes the new global model (`merge`).
 
+FedPerl's scenario 2 (every label held apart at one node, `partition --labeled-nodes none --held-apart-fraction`):
+"we use the global data to train the global model" (Bdair et al.): after each average the held-apart set's holder,
+the server, trains the global model on it for a round's steps (key `global`) and sends it to every other node
+(`server-model`), which is the model every node starts the next round from. Without --ssl the nodes have nothing to
+train on, so the server's training alone is the run (the scenario's lower bound).
+
 Kept for an audit (`shared/updates.safetensors`): the first node's update of each round (its trained shared
 tensors minus the global ones it started from, what its contribution to the average reveals), the latest
 rounds that fit in 64 MiB (every round for the small CNN; for a ResNet-18, about the last 5).
@@ -21,12 +27,14 @@ import torch
 from torch import nn
 
 from fedcli.fl.objectives import Objective, Supervised
+from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.strategies.base import Declaration, Strategy
 from fedcli.models.classifier import batchnorm_keys
 
 if TYPE_CHECKING:
     from fedcli.fl.engine import Federation
 
+GLOBAL, SERVER_MODEL = "global", "server-model"
 SHARED_STATISTICS = "the average: one set of statistics shared by hospitals that differ"
 KEPT_UPDATE_BYTES = 64 * 2**20
 UPDATES = "updates"
@@ -83,8 +91,26 @@ class ServerAveraging(Strategy):
             if node == fed.nodes[0]:
                 self.keep_update(round_, states[node], global_shared)
         weights = {node: weight if node in participants else 0 for node, weight in fed.averaging_weights().items()}
-        averaged = fed.transport.average(round_, states, weights)
-        self.global_model.load_state_dict({**self.global_model.state_dict(), **self.merge(fed, round_, averaged)})
+        if any(weights.values()):  # none: no node had anything to train on (scenario 2 without --ssl)
+            averaged = fed.transport.average(round_, states, weights)
+            self.global_model.load_state_dict({**self.global_model.state_dict(), **self.merge(fed, round_, averaged)})
+        if fed.data.labels_at_server:
+            self.train_at_server(fed, round_, epochs)
+
+    def train_at_server(self, fed: "Federation", round_: int, epochs: int) -> None:
+        """Scenario 2: the held-apart set's holder trains the global model on it and sends it to every node."""
+        server, template = fed.data.held_apart_holder, self.global_model.state_dict()
+        if server in fed.local_nodes:
+            fed.trainer.train(self.global_model, GLOBAL, round_, fed.data.held_apart(), None, epochs)
+            payload = encode_model(self.global_model.state_dict())
+            for node in fed.nodes:
+                if node != server:
+                    fed.transport.send(round_, server, node, SERVER_MODEL, payload)
+        else:  # a distributed rank: its one node receives the model
+            receiver = fed.local_nodes[0]
+            self.global_model.load_state_dict(decode_model(fed.transport.receive(round_, server, receiver,
+                                                                                 SERVER_MODEL), template))
+        fed.transport.flush()
 
     def keep_update(self, round_: int, trained: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> None:
         self.updates[round_] = {k: (v - start[k]).detach().cpu().clone() for k, v in trained.items()
@@ -146,7 +172,8 @@ def flat_updates(updates: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch
 
 DECLARED = (
     Declaration("fedavg", 30, "FedAvg: the nodes' models averaged every round", lambda o: ServerAveraging("fedavg", o),
-                model_key="global", transfers=("all-reduce",), families=("federated",), bn_averaged=SHARED_STATISTICS,
+                model_key="global", transfers=("all-reduce", SERVER_MODEL), families=("federated",),
+                bn_averaged=SHARED_STATISTICS,
                 semi_supervised=True, partial=True),
     Declaration("fedbn", 32, "FedBN: FedAvg with BatchNorm layers kept local",
                 lambda o: ServerAveraging("fedbn", o, local_bn=True), transfers=("all-reduce",),

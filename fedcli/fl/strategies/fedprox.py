@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fedcli.fl.objectives import Batch, Objective, Supervised, Wrapped
-from fedcli.fl.strategies.averaging import SHARED_STATISTICS, ServerAveraging
+from fedcli.fl.strategies.averaging import SERVER_MODEL, SHARED_STATISTICS, ServerAveraging
 from fedcli.fl.strategies.base import Declaration, option
 
 
@@ -44,6 +44,6 @@ class FedProx(ServerAveraging):
 
 DECLARED = (
     Declaration("fedprox", 31, "FedProx: FedAvg with a proximal term towards the global model",
-                lambda o: FedProx("fedprox", o), options=ProxOptions, model_key="global", transfers=("all-reduce",),
+                lambda o: FedProx("fedprox", o), options=ProxOptions, model_key="global", transfers=("all-reduce", SERVER_MODEL),
                 families=("federated",), bn_averaged=SHARED_STATISTICS, semi_supervised=True, partial=True),
 )

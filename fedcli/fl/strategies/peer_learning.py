@@ -54,7 +54,7 @@ from fedcli.fl.evaluate import accuracy
 from fedcli.fl.objectives import Objective
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.peer_teaching import PeerFixMatch
-from fedcli.fl.strategies.averaging import SHARED_STATISTICS, ServerAveraging
+from fedcli.fl.strategies.averaging import SERVER_MODEL, SHARED_STATISTICS, ServerAveraging
 from fedcli.fl.strategies.base import Declaration, flag, option
 from fedcli.fl.strategies.split_options import server_node
 from fedcli.rng import torch_stream
@@ -295,8 +295,8 @@ PEER_FACTS = dict(model_key="global", families=("federated",), bn_averaged=SHARE
 DECLARED = (
     Declaration("fedmatch", 40, "FedMatch: SSFL whose nodes also learn from helpers chosen by their outputs on one "
                 "random image (labels by agreement, KL consistency; no weight decomposition)", fedmatch,
-                options=PeerOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED), **PEER_FACTS),
+                options=PeerOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED, SERVER_MODEL), **PEER_FACTS),
     Declaration("fedperl", 41, "FedPerl: SSFL whose nodes also learn from the T peers most similar in their "
                 "weights' statistics (mean-of-softmax labels, MSE consistency; --anonymize, --policy)", fedperl,
-                options=PerlOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED, PEER_CHECK), **PEER_FACTS),
+                options=PerlOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED, PEER_CHECK, SERVER_MODEL), **PEER_FACTS),
 )
