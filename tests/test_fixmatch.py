@@ -92,7 +92,7 @@ def test_semi_batches_add_mu_unlabelled_images_per_labelled_one_and_keep_the_lab
 
 
 def test_a_node_without_labels_takes_unlabelled_batches_alone_and_the_unlabelled_term_alone():
-    """FedPerl's scenarios 2 and 4: mu B unlabelled images a step, enough steps to cover them once an epoch
+    """FedPerl's scenarios 2 and 4: mu B unlabelled images a step, the upper bound's ceil(n_u / B) steps an epoch
     (or --steps-per-round), and a loss without a supervised part (no NaN from an empty cross-entropy)."""
     import dataclasses
 
@@ -106,7 +106,7 @@ def test_a_node_without_labels_takes_unlabelled_batches_alone_and_the_unlabelled
                               torch.full((25,), -1))
     nothing = TensorSource(unlabelled.images[:0], torch.zeros(0, dtype=torch.int64))
     settings = LocalSettings(epochs=2, lr=0.1, batch=4)
-    for given, steps in ((settings, 2 * 3), (dataclasses.replace(settings, epoch_steps=5), 2 * 5)):  # ceil(25/12)
+    for given, steps in ((settings, 2 * 7), (dataclasses.replace(settings, epoch_steps=5), 2 * 5)):  # ceil(25/4)
         batches = list(SemiBatches(Batches(nothing, None, given, torch_stream(0, "n", 1, "local-train")), unlabelled,
                                    3, (), torch_stream(0, "n", 1, "fixmatch"), given))
         assert len(batches) == steps and all(len(b.x) == 0 and len(b.weak) == len(b.strong) == 12 for b in batches)

@@ -112,6 +112,21 @@ def make_parts(nodes: list[dict], fraction: float, validation: float, labeled_no
     return record, hidden
 
 
+def unlabelled_nodes(record: dict | None, nodes: list[str]) -> list[str]:
+    """The nodes outside --labeled-nodes, given the manifest's `labels` record (None: every label visible)."""
+    return [node for node in nodes if record and node not in record["labeled_nodes"]]
+
+
+def hides_labels(record: dict | None, nodes: list[str]) -> bool:
+    """Whether some training image is unlabelled: a labelled fraction under 1, or a node without labels."""
+    return bool(record) and (record["fraction"] < 1 or bool(unlabelled_nodes(record, nodes)))
+
+
+def labels_at_server(record: dict | None) -> bool:
+    """FedPerl's scenario 2: every label in the held-apart set, none at a node."""
+    return bool(record) and bool(record["held_apart"]) and not record["labeled_nodes"]
+
+
 def oracle_file(manifest) -> dict:
     """`partition/hidden_labels.json`: each node's hidden labels in its `unlabeled` order, tied to the partition
     by its content hash."""

@@ -59,7 +59,7 @@ class Federation:
         """Every node's number of training images (the averaging weights), gathered once: its labelled images and,
         under --ssl, its unlabelled ones, which it trains on too (all of a node's in FedPerl's scenarios 2 and 4)."""
         if self._train_sizes is None:
-            local = {node: len(self.data.train[node]) + (len(self.data.unlabeled[node]) if self.trainer.semi else 0)
+            local = {node: self.data.training_images(node) if self.trainer.semi else len(self.data.train[node])
                      for node in self.local_nodes}
             self._train_sizes = {k: v for part in self.transport.gather(local, "sharing train sizes")
                                  for k, v in part.items()}

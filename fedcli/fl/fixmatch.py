@@ -79,14 +79,14 @@ class SemiBatches:
     """A strategy's batches, each joined by mu unlabelled images per labelled one, in their weak and strong views.
     The unlabelled images are cycled without replacement from their own keyed stream, so the labelled batches
     are the supervised run's, draw for draw. A node without labelled images (FedPerl's scenarios 2 and 4) takes
-    batches of mu B unlabelled images alone: --steps-per-round of them an epoch, else as many as cover its
-    unlabelled images once (ceil(n_u / (mu B)))."""
+    batches of mu B unlabelled images alone, as many an epoch as `settings.epoch_steps` (the trainer's few-labels
+    epoch, or --steps-per-round), else the upper bound's ceil(n_u / B)."""
 
     def __init__(self, labelled: Sized, unlabelled: TensorSource, mu: int, flips: tuple[str, ...],
                  generator: torch.Generator, settings: LocalSettings):
         self.labelled, self.unlabelled, self.mu, self.flips, self.generator = labelled, unlabelled, mu, flips, generator
         self.batch = settings.batch  # an unlabelled-only batch holds mu times as many images
-        per_epoch = settings.epoch_steps or math.ceil(len(unlabelled) / (mu * settings.batch))
+        per_epoch = settings.epoch_steps or math.ceil(len(unlabelled) / settings.batch)
         self.unlabelled_only = settings.epochs * per_epoch if len(labelled) == 0 and len(unlabelled) else 0
 
     def __len__(self) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from fedcli.data.dataset import NodeDataset
+from fedcli.data.label_parts import hides_labels, labels_at_server
 from fedcli.data.loading import load_images
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
@@ -68,12 +69,11 @@ class NodeData:
         self.has_validation = bool((manifest.data.get("labels") or {}).get("validation_fraction"))
         self.codecs = LazySources(codecs or (lambda node: None))  # a node's VQ-VAE-2 and codes (fedcli/vqvae/codec.py)
         self._global_test: TensorSource | None = None
-        labels = manifest.data.get("labels") or {}
-        held_apart = labels.get("held_apart")
+        labels = manifest.data.get("labels")
+        held_apart = (labels or {}).get("held_apart")
         self.held_apart_holder: str | None = held_apart["holder"] if held_apart else None
-        # FedPerl's scenario 2: every label is in the held-apart set, on which the server trains the global model
-        self.labels_at_server = bool(held_apart) and not labels.get("labeled_nodes")
-        self.hides_labels = bool(labels) and (labels["fraction"] < 1 or len(labels["labeled_nodes"]) < len(self.nodes))
+        self.labels_at_server = labels_at_server(labels)  # scenario 2: the server trains on the held-apart set
+        self.hides_labels = hides_labels(labels, self.nodes)
 
     def global_test(self) -> TensorSource | None:
         """The partition's global test set (partition --global-test), decoded once; None where it has none."""
@@ -84,8 +84,8 @@ class NodeData:
         return self._global_test
 
     def training_images(self, node: str) -> int:
-        """A node's images to train on, labelled or not (its labelled part alone outside a few-labels partition)."""
-        return len(self.train[node]) + (len(self.unlabeled[node]) if self.hides_labels else 0)
+        """A few-labels node's images to train on, labelled or not."""
+        return len(self.train[node]) + len(self.unlabeled[node])
 
     def held_apart(self) -> TensorSource:
         """The labelled set held apart (partition --held-apart-fraction), as its holder reads it."""

@@ -15,6 +15,7 @@ from fedcli.artifact_kinds import file_sha256, record_files
 from fedcli.artifacts import check_output_free, check_writable, provenance, save_tensors, staged_output, write_csv, \
     write_json
 from fedcli.config import architectures, settled
+from fedcli.data.label_parts import hides_labels, labels_at_server, unlabelled_nodes
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 from fedcli.errors import UserError
@@ -96,16 +97,16 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
     (a server's or an encoder's rank) naming one of the partition's nodes, a cut the model has."""
     nodes = manifest.node_names
     labels = manifest.data.get("labels")
-    unlabelled = [node for node in nodes if labels and node not in labels["labeled_nodes"]]
+    unlabelled = unlabelled_nodes(labels, nodes)
     refused = [name for name in cfg.strategy if name not in WITHOUT_LABELS]
     if unlabelled and refused:
         raise UserError(f"node {unlabelled[0]} holds no labelled image (partition --labeled-nodes), and {refused[0]} "
                         f"trains on visible labels at every node; on FedPerl's scenarios 2 and 4 run "
                         f"{', '.join(WITHOUT_LABELS)}, or partition with every node labelled (--labeled-fraction)")
-    if cfg.ssl == "none" and "standalone" in cfg.strategy and labels and not labels["labeled_nodes"]:
+    if cfg.ssl == "none" and "standalone" in cfg.strategy and labels_at_server(labels):
         raise UserError("standalone without --ssl has no labelled image to train on at any node (every label is held "
                         "apart); add --ssl fixmatch, or run fedavg, whose server trains on the held-apart set")
-    hides = bool(labels and (labels["fraction"] < 1 or unlabelled))  # some training image is unlabelled
+    hides = hides_labels(labels, nodes)
     if cfg.ssl != "none" and not hides:
         raise UserError(f"--ssl {cfg.ssl} learns from unlabelled images, and this partition labels every training "
                         "image; re-run fedcli partition --overwrite with --labeled-fraction F")

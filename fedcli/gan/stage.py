@@ -20,6 +20,7 @@ from fedcli.artifact_kinds import CONFIG, file_record, file_sha256, record_files
 from fedcli.artifacts import provenance, read_json, save_tensors, staged_output, write_csv, write_json
 from fedcli.config import GAN_ENGINE_OPTIONS, GanConfig, settled, to_json
 from fedcli.data.dataset import NodeDataset
+from fedcli.data.label_parts import unlabelled_nodes
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 from fedcli.devices import resolve_device, with_threads
@@ -190,7 +191,7 @@ def node_classes(manifest: Manifest, node: str) -> list[int]:
 def check_labelled(manifest: Manifest, nodes: list[str]) -> None:
     """Every node that trains (a serial kind: every node of the chain) holds labelled images."""
     labels = manifest.data.get("labels")
-    unlabelled = [node for node in nodes if labels and node not in labels["labeled_nodes"]]
+    unlabelled = unlabelled_nodes(labels, nodes)
     if unlabelled:
         raise UserError(f"node {unlabelled[0]} holds no labelled training image (partition --labeled-nodes), and a "
                         "class-conditional generator learns from labels; partition with every node labelled")

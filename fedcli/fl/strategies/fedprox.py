@@ -44,6 +44,6 @@ class FedProx(ServerAveraging):
 
 DECLARED = (
     Declaration("fedprox", 31, "FedProx: FedAvg with a proximal term towards the global model",
-                lambda o: FedProx("fedprox", o), options=ProxOptions, model_key="global", transfers=("all-reduce", SERVER_MODEL),
-                families=("federated",), bn_averaged=SHARED_STATISTICS, semi_supervised=True, partial=True),
+                lambda o: FedProx("fedprox", o), options=ProxOptions, model_key="global",
+                transfers=("all-reduce", SERVER_MODEL), families=("federated",), bn_averaged=SHARED_STATISTICS, semi_supervised=True, partial=True),
 )

@@ -298,5 +298,6 @@ DECLARED = (
                 options=PeerOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED, SERVER_MODEL), **PEER_FACTS),
     Declaration("fedperl", 41, "FedPerl: SSFL whose nodes also learn from the T peers most similar in their "
                 "weights' statistics (mean-of-softmax labels, MSE consistency; --anonymize, --policy)", fedperl,
-                options=PerlOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED, PEER_CHECK, SERVER_MODEL), **PEER_FACTS),
+                options=PerlOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED, PEER_CHECK, SERVER_MODEL),
+                **PEER_FACTS),
 )
