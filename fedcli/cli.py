@@ -15,7 +15,8 @@ from fedcli.config import (AuditConfig, Device, Engine, GanConfig, Launch, Lpips
                            PartitionConfig, PredictConfig, Preprocess, PrivacyLoss, PrivacyScale, ReportConfig, Scheme,
                            SelectRule, Source, Task, number_or_keyword, read_recipe, resolve)
 from fedcli.errors import UserError, environment_message
-from fedcli.fl.federate_config import FederateConfig, Labels, LrSchedule, Optimizer, PartialBatch, Ssl, Weighting
+from fedcli.fl.federate_config import (EvalStatistics, FederateConfig, Labels, LrSchedule, Optimizer, PartialBatch,
+                                       Ssl, Weighting)
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import check_experiment_folder
 from fedcli.pipeline.shipped import locate, shipped_recipes
@@ -129,6 +130,9 @@ def partition(
     communities: list[int] = typer.Option([], help="site-shift: repeatable group sizes of consecutive nodes that "
                                           "share a simulated scanner, e.g. 5 3 1 1 (FedPerl's communities) "
                                           "\\[default: every node its own].", show_default=False),
+    scanners: list[str] = typer.Option([], help="site-shift: repeatable names of the simulated scanners, in the "
+                                       "order nodes (or communities) take them: gamma0.5, blur, invert, noise, "
+                                       "contrast, gamma2 \\[default: all six, in that order].", show_default=False),
     labeled_nodes: Optional[list[str]] = typer.Option(None, help="Few labels: only these nodes keep labels (repeat "
                                                       "the option); none: no node does (labels only in the "
                                                       "held-apart set) \\[default: every node].", show_default=False),
@@ -160,6 +164,9 @@ def partition(
     train_size: Optional[int] = typer.Option(None, help="Keep at most this many training images per node, a "
                                              "class-stratified draw (a smaller hospital, its test set unchanged) "
                                              "\\[default: all].", show_default=False),
+    class_mix: list[str] = typer.Option([], help="NODE=CLASS:SHARE, repeatable: that node's images drawn, before "
+                                        "its test split, so that CLASS makes SHARE of them (a node whose case mix "
+                                        "differs, FedPerl's client 8), e.g. node8=normal:0.75.", show_default=False),
     folds: int = typer.Option(PartitionConfig.folds, help="Stratified cross-validation folds over each node's train part."),
     image_size: int = typer.Option(PartitionConfig.image_size, help="Image side in pixels for every later stage: a power "
                                    "of two from 16 to 1024 (every stage holds a node's images in memory)."),
@@ -435,6 +442,11 @@ def federate(
                                                  show_default=False),
     eval_every: int = typer.Option(FederateConfig.eval_every, help="Rounds between evaluations (and the last)."),
     bootstrap: int = typer.Option(FederateConfig.bootstrap, help="Bootstrap resamples for 95% intervals."),
+    eval_statistics: EvalStatistics = typer.Option(FederateConfig.eval_statistics, help="BatchNorm statistics "
+                                                   "every model is scored with: stored (its running statistics, as "
+                                                   "trained and averaged) or local (re-estimated on the evaluating "
+                                                   "node's own training images, labels unread: a hospital "
+                                                   "calibrating a received model)."),
     fold: Optional[int] = typer.Option(None, help="Train on the other train folds, evaluate on fold k (model "
                                        "selection without the test set).", show_default=False),
     cv: bool = typer.Option(FederateConfig.cv, help="Run every fold and report mean and std."),

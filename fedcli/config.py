@@ -79,9 +79,9 @@ class Range:
 
 # Options added after experiments existed, at the value that reproduces those experiments' numbers: left out of
 # fingerprints and checkpoint checks at that value, so adding an option never reruns or refuses an existing run.
-UNCHANGED_AT = {"ks": None, "train_size": None, "shared_fraction": 0.0, "labeled_fraction": 1.0, "validation_fraction": 0.0,
-                "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "communities": [], "ssl": "none", "labels": "visible",
-                "steps_per_round": None, "partial_batch": None, "global_test": 0, "participation": 1.0, "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
+UNCHANGED_AT = {"ks": None, "train_size": None, "class_mix": [], "shared_fraction": 0.0, "labeled_fraction": 1.0, "validation_fraction": 0.0,
+                "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "communities": [], "scanners": [], "ssl": "none", "labels": "visible",
+                "steps_per_round": None, "partial_batch": None, "global_test": 0, "participation": 1.0, "eval_statistics": "stored", "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
                 "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
                 "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4,
                 "retina_balanced": False, "retina_per_class": RETINA_PER_CLASS, "retina_preprocess": "none"}
@@ -126,6 +126,7 @@ class PartitionConfig:
     held_apart_node: str | None = None  # default: the first node
     communities: tuple[int, ...] = ranged((), 1, MAX_COUNT)  # site-shift: consecutive nodes sharing a scanner,
     # by group size (5 3 1 1)
+    scanners: tuple[str, ...] = ()  # site-shift: the simulated scanners in order (acquisition.NAMES); (): all six
     site: str | None = None
     task: Task = "melanoma"
     retina_balanced: bool = False  # retinopathy: the study's selection, retina_per_class images of each class
@@ -134,6 +135,7 @@ class PartitionConfig:
     positive_class: str | None = None  # a binary task's finding; default: the source's second class
     test_fraction: float = ranged(0.2, 0, 1, low_open=True, high_open=True)
     train_size: int | None = ranged(None, 2, MAX_COUNT)  # at most this many train images per node (a smaller site)
+    class_mix: tuple[str, ...] = ()  # NODE=CLASS:SHARE: that node's images drawn to that share (data/class_mix.py)
     folds: int = ranged(5, 2, MAX_FOLDS)
     image_size: int = ranged(32, 16, MAX_IMAGE_SIZE, why="a power of two; each stage holds a node's images in "
                              "memory as N x C x S x S bytes")
@@ -165,6 +167,8 @@ class PartitionConfig:
         if self.labeled_nodes is not None:  # none given (an empty list): every node; ("none",): no node
             object.__setattr__(self, "labeled_nodes", tuple(self.labeled_nodes) or None)
         object.__setattr__(self, "communities", tuple(self.communities))
+        object.__setattr__(self, "scanners", tuple(self.scanners))
+        object.__setattr__(self, "class_mix", tuple(self.class_mix))
         for size in self.communities:
             field_range(PartitionConfig, "communities").check("--communities", size)
         if self.held_apart_node is not None and not self.held_apart_fraction:

@@ -16,6 +16,7 @@ from fedcli.data.manifest import Manifest
 from fedcli.fl import engine, stage, topology
 from fedcli.fl.batchnorm_check import COLUMNS as BN_COLUMNS
 from fedcli.fl.checkpoint import CheckpointMismatch
+from fedcli.fl.evaluator import Evaluator
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.node_data import NodeImages
 from fedcli.fl.payloads import encode_buffer, encode_model
@@ -268,6 +269,14 @@ def test_metrics_are_long_format_with_confidence_intervals(cli, fl_exp, tmp_path
     # standalone trains on the node's real images alone: as trained is refreshed, drawn from the same stream
     assert bn.accuracy_refreshed.tolist() == bn.accuracy_refreshed_as_trained.tolist()
     assert not set(BN_COLUMNS[3:]) & set(s.columns)
+    local = copy_exp(fl_exp, tmp_path / "local")
+    cli.ok("federate", "--exp", local, "--strategy", "fedavg", "--eval-statistics", "local", *FAST)
+    stored_bn = pd.read_csv(exp / "federate" / "fedavg" / "bn_statistics.csv")
+    final = metrics(local, "fedavg").query("round == 2")
+    assert final.accuracy.tolist() == stored_bn.accuracy_refreshed.tolist() != stored_bn.accuracy_stored.tolist()
+    pd.testing.assert_frame_equal(pd.read_csv(local / "federate" / "fedavg" / "bn_statistics.csv"), stored_bn)
+    weights = [load_tensors(e / "federate" / "fedavg" / "models" / "global.safetensors", "model") for e in (exp, local)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # scoring never changes training
 
 
 def test_the_batchnorm_diagnostic_tells_stale_statistics_from_the_weights(fl_exp):
@@ -288,9 +297,13 @@ def test_the_batchnorm_diagnostic_tells_stale_statistics_from_the_weights(fl_exp
     before = {key: {k: v.clone() for k, v in model.state_dict().items()} for key, model in models.items()}
     rows = [r for r in fed.evaluator.evaluate("standalone", 1, models, lambda node: standalone.trained_on(fed, node))
             if r["model_node"] == r["test_node"]]
+    local = Evaluator(fed.data, fed.trainer, fed.transport, fed.local_nodes, 20, local_statistics=True)
+    scored_locally = {r["test_node"]: r["accuracy"] for r in local.evaluate("standalone", 1, models)
+                      if r["model_node"] == r["test_node"]}
     for r in rows:
         assert healthy[r["test_node"]] > 0.8 and r["accuracy"] < healthy[r["test_node"]] - 0.3
         assert r["accuracy_refreshed"] > healthy[r["test_node"]] - 0.1
+        assert scored_locally[r["test_node"]] == r["accuracy_refreshed"]  # --eval-statistics local scores so
     assert all(torch.equal(value, before[key][name]) for key, model in models.items()
                for name, value in model.state_dict().items())  # the diagnostic never changes the models
     feder = REGISTRY.build("feder", {"buffer_size": 30})

@@ -172,3 +172,37 @@ def test_communities_give_consecutive_nodes_one_scanner(cli, tmp_path):
         "partition", "--nodes", "5", "--communities", "3", "--communities", "3", "--exp", tmp_path / "b")
     assert "only --scheme site-shift has" in cli.user_error(
         "partition", "--nodes", "2", "--scheme", "iid", "--communities", "2", "--exp", tmp_path / "c")
+
+
+def test_scanners_name_the_simulated_scanners_communities_take_in_order(cli, tmp_path):
+    exp = tmp_path / "exp"
+    cli.ok("partition", "--nodes", "4", "--image-size", "16", "--exp", exp, "--communities", "2", "--communities", "2",
+           "--scanners", "noise", "--scanners", "gamma2")
+    assert [node["acquisition"] for node in Manifest.load(exp)["nodes"]] == [
+        {"name": "noise", "std": 0.15}] * 2 + [{"name": "gamma", "gamma": 2.0}] * 2
+    assert "--scanners sepia is not a simulated scanner; choose from gamma0.5, blur, invert" in cli.user_error(
+        "partition", "--scanners", "sepia", "--exp", tmp_path / "b")
+    assert "gives 3 groups, and site-shift has 2 scanners" in cli.user_error(
+        "partition", "--nodes", "3", *[a for _ in range(3) for a in ("--communities", "1")],
+        "--scanners", "blur", "--scanners", "noise", "--exp", tmp_path / "c")
+    assert "not of iid" in cli.user_error("partition", "--scheme", "iid", "--scanners", "blur", "--exp", tmp_path / "d")
+    assert not any((tmp_path / name).exists() for name in "bcd")
+
+
+def test_class_mix_draws_one_node_to_its_share_and_leaves_the_others(cli, tmp_path):
+    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--exp", tmp_path / "plain")
+    cli.ok("partition", "--nodes", "3", "--image-size", "16", "--exp", tmp_path / "mixed", "--class-mix", "node1=3:0.5")
+    plain, mixed = Manifest.load(tmp_path / "plain"), Manifest.load(tmp_path / "mixed")
+    records = {m: {node["name"]: node["train"] + node["test"] for node in manifest["nodes"]}
+               for m, manifest in (("plain", plain), ("mixed", mixed))}
+    node1 = Counter(r["label"] for r in records["mixed"]["node1"])
+    assert abs(node1[3] / sum(node1.values()) - 0.5) < 0.01 and len(node1) == 10
+    assert node1[3] == Counter(r["label"] for r in records["plain"]["node1"])[3]  # every image of the class kept
+    assert {r["id"] for r in records["mixed"]["node1"]} < {r["id"] for r in records["plain"]["node1"]}
+    for node in ("node0", "node2"):
+        assert records["mixed"][node] == records["plain"][node]
+    for value, message in (("node7=3:0.5", "names node7, not a node of the partition"),
+                           ("node1=ten:0.5", "names class ten, not a class of the data"),
+                           ("node1=3:1", "must lie strictly between 0 and 1"), ("node1", "is not NODE=CLASS:SHARE")):
+        assert message in cli.user_error("partition", "--nodes", "3", "--class-mix", value, "--exp", tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()

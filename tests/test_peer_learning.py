@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import Cli, copy_exp
-from fedcli.artifacts import load_tensors
+from fedcli.artifacts import load_tensors, save_tensors
 from fedcli.data.manifest import Manifest
 from fedcli.fl import engine, stage
 from fedcli.fl.evaluate import predict
@@ -23,6 +23,7 @@ from fedcli.fl.trainer import LocalTrainer
 from fedcli.report.calibration import reliability, risk_coverage
 from fedcli.report.collect import Run, SubExperiment, best_validation_scores
 from fedcli.report.few_labels import few_labels_table, improvement, models_received
+from fedcli.report.few_labels_paired import against_ssfl_table, regime_table
 from fedcli.report.study import Missing
 
 # three of the four nodes train each round (--participation), so the engines and the resume are compared with it
@@ -356,6 +357,40 @@ def test_the_few_labels_table_reads_ri_against_the_local_lower_bound_and_ac_in_m
     assert "node1 held the held-apart set: real labelled images" in table.note
     no_labels_hidden = [SubExperiment(tmp_path, {}, {"nodes": manifest["nodes"]}, [runs[0]], [], [], [])]
     assert isinstance(few_labels_table(no_labels_hidden, "f1_weighted"), Missing)
+
+
+def predicting(strategy: str, right: int, tmp_path, moved: float = 0.0, **config) -> Run:
+    """A run whose final models are right on the first `right` of each client's 20 test images, wrong on the
+    rest; its client mean `moved` above the round before."""
+    labels = torch.arange(20) % 2
+    probs = F.one_hot(torch.where(torch.arange(20) < right, labels, 1 - labels), 2).double()
+    run = fake_run(strategy, [right / 20] * 2, transfers([]), tmp_path, seed=0, bootstrap=200, **config)
+    final = run.metrics.assign(accuracy=right / 20)
+    run.metrics = pd.concat([final.assign(round=2, accuracy=right / 20 - moved), final])
+    save_tensors(run.folder / "predictions.safetensors",
+                 {f"{key}/node{i}": t.clone() for i in range(2) for key, t in (("global", probs), ("labels", labels))})
+    return run
+
+
+def test_the_paired_few_labels_tables_difference_each_variant_on_the_same_test_images(tmp_path):
+    manifest = {"nodes": [{"name": "node0"}, {"name": "node1"}], "label_names": ["a", "b"],
+                "labels": {"fraction": 0.1}, "content_hash": "one partition"}
+    runs = [predicting("standalone", 10, tmp_path), predicting("fedavg", 20, tmp_path),
+            predicting("fedavg", 10, tmp_path, ssl="fixmatch"),
+            predicting("fedperl", 20, tmp_path, peers=2, policy="static"),
+            predicting("fedmatch", 10, tmp_path, peers=2), predicting("fedavg", 20, tmp_path, 0.01, labels="all")]
+    subs = [SubExperiment(tmp_path, {}, manifest, [run], [], [], []) for run in runs]
+    cells = against_ssfl_table(subs, "accuracy").frame.iloc[:, 0]
+    assert cells["fedmatch (T=2) [FixMatch]"] == "+0.000 [+0.000, +0.000]"  # the same predictions: no difference
+    assert cells["fedperl (T=2) [FixMatch]"].startswith("+0.500 [") and "fedavg [FixMatch]" not in cells
+    regime = regime_table(subs, "accuracy").frame
+    assert regime["holds"].tolist() == ["yes", "no"]  # above local training; level with labelled-only FedAvg
+    assert regime.iloc[:, 0].tolist()[1] == "+0.000 [+0.000, +0.000]"
+    assert set(regime["upper bound's change over its last evaluation interval"]) == {"+0.010"}
+    other_partition = dict(manifest, content_hash="another partition")  # other test sets: nothing to pair
+    apart = [SubExperiment(tmp_path, {}, other_partition if run is runs[2] else manifest, [run], [], [], [])
+             for run in runs]
+    assert isinstance(against_ssfl_table(apart, "accuracy"), Missing)
 
 
 def test_the_report_shows_the_few_labels_table_and_the_community_matrix(reference, cli):

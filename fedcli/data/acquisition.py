@@ -1,7 +1,8 @@
 """Simulated scanners for the `site-shift` scheme: a fixed acquisition transform per node.
 
-Node i gets ACQUISITIONS[i % 6], so the nodes differ in feature space (appearance) the way
-images from different hospitals' scanners do, while their label mix stays i.i.d.:
+Node i gets the i-th scanner of the list (by default ACQUISITIONS, in this order; `--scanners` names another
+list from it), cycling, so the nodes differ in feature space (appearance) the way images from different
+hospitals' scanners do, while their label mix stays i.i.d.:
 
   0 gamma 0.5     over-exposed detector: dark values lifted (x ** 0.5)
   1 blur          soft, low-resolution detector: Gaussian blur, sigma = 4% of the image side
@@ -29,8 +30,18 @@ ACQUISITIONS: list[dict] = [
 ]
 
 
-def for_node(index: int) -> dict:
-    return dict(ACQUISITIONS[index % len(ACQUISITIONS)])
+def name_of(spec: dict) -> str:
+    """The scanner's name for --scanners: its transform, with its parameter where two share one (gamma0.5)."""
+    return spec["name"] + (f"{spec['gamma']:g}" if spec["name"] == "gamma" else "")
+
+
+NAMES = [name_of(spec) for spec in ACQUISITIONS]
+
+
+def for_node(index: int, scanners: tuple[str, ...] = ()) -> dict:
+    """Scanner `index` (cycling) of `scanners`, names from NAMES, or of ACQUISITIONS when none are named."""
+    chosen = [ACQUISITIONS[NAMES.index(name)] for name in scanners] or ACQUISITIONS
+    return dict(chosen[index % len(chosen)])
 
 
 def describe(spec: dict | None) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.config import PartitionConfig, to_json
-from fedcli.data import acquisition, global_test, label_parts, pixelscale, schemes, shared_set
+from fedcli.data import acquisition, class_mix, global_test, label_parts, pixelscale, schemes, shared_set
 from fedcli.data.manifest import SCHEMA, Manifest, content_hash
 from fedcli.data.node_manifest import node_view
 from fedcli.data.records import Sample, SourceData
@@ -133,9 +133,22 @@ def check_communities(cfg: PartitionConfig) -> None:
     if sum(cfg.communities) != cfg.nodes:
         raise UserError(f"--communities {' '.join(map(str, cfg.communities))} adds up to {sum(cfg.communities)} nodes, "
                         f"and there are {cfg.nodes}; make the group sizes add up to --nodes")
-    if len(cfg.communities) > len(acquisition.ACQUISITIONS):
+    available = len(cfg.scanners or acquisition.ACQUISITIONS)
+    if len(cfg.communities) > available:
         raise UserError(f"--communities gives {len(cfg.communities)} groups, and site-shift has "
-                        f"{len(acquisition.ACQUISITIONS)} scanners; give at most that many groups")
+                        f"{available} scanners; give at most that many groups")
+
+
+def check_scanners(cfg: PartitionConfig) -> None:
+    if not cfg.scanners:
+        return
+    if cfg.scheme != "site-shift":
+        raise UserError(f"--scanners names the simulated scanners of --scheme site-shift, not of {cfg.scheme}; drop it")
+    unknown = [name for name in cfg.scanners if name not in acquisition.NAMES]
+    if unknown:
+        raise UserError(f"--scanners {unknown[0]} is not a simulated scanner; choose from {', '.join(acquisition.NAMES)}")
+    if len(set(cfg.scanners)) < len(cfg.scanners):
+        raise UserError(f"--scanners {' '.join(cfg.scanners)} names a scanner twice; name each once")
 
 
 def scanner_of(cfg: PartitionConfig, index: int) -> int:
@@ -148,8 +161,11 @@ def scanner_of(cfg: PartitionConfig, index: int) -> int:
 
 def node_entry(cfg: PartitionConfig, scheme: str, index: int, name: str, members: list[Sample],
                label_names: list[str]) -> dict:
+    mix = class_mix.parse(cfg.class_mix, label_names).get(name)
+    if mix is not None:
+        members = class_mix.mixed(name, members, *mix, cfg.seed, label_names)
     train, test = split_node(name, members, label_names, cfg.test_fraction, cfg.folds, cfg.seed, cfg.train_size)
-    spec = acquisition.for_node(scanner_of(cfg, index)) if scheme == "site-shift" else None
+    spec = acquisition.for_node(scanner_of(cfg, index), cfg.scanners) if scheme == "site-shift" else None
     return {"name": name, "site": node_site(members), "acquisition": spec, "train": train, "test": test}
 
 
@@ -167,10 +183,13 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
     scheme = cfg.scheme or source.default_scheme
     n_nodes = None if scheme == "source" else cfg.nodes or DEFAULT_NODES
     cfg = dataclasses.replace(cfg, scheme=scheme, nodes=n_nodes, channels=cfg.channels or source.channels)
+    check_scanners(cfg)
     check_communities(cfg)
     if n_nodes is not None and n_nodes > len(samples):
         raise UserError(f"--nodes {n_nodes} is more than the {len(samples)} samples; lower --nodes")
+    mixes = class_mix.parse(cfg.class_mix, source.label_names)
     nodes = build_nodes(cfg, source, scheme, samples)
+    class_mix.check_nodes(mixes, [node["name"] for node in nodes])
     if cfg.shared_fraction:
         shared_set.set_apart(nodes, cfg.shared_fraction, source.label_names, cfg.seed)
     labels, hidden = None, {}
@@ -200,6 +219,7 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
         **({"preprocess": cfg.retina_preprocess} if cfg.retina_preprocess != "none" else {}),
         "test_fraction": cfg.test_fraction,
         **({"train_size": cfg.train_size} if cfg.train_size is not None else {}),
+        **({"class_mix": list(cfg.class_mix)} if cfg.class_mix else {}),
         "folds": cfg.folds,
         "alpha": cfg.alpha if scheme == "dirichlet" else None,
         **({"ks": cfg.ks, "skew_measured_on": SKEW_MEASURED_ON} if scheme == "skew" else {}),

@@ -80,16 +80,16 @@ def split_node(name: str, samples: list[Sample], label_names: list[str], test_fr
             [s.record() for s, test in zip(samples, in_test) if test])
 
 
-def smaller_train(name: str, train: list[Sample], size: int, seed: int) -> list[Sample]:
+def smaller_train(name: str, train: list[Sample], size: int, seed: int, purpose: str = "train-size") -> list[Sample]:
     """`size` of the train samples, each class keeping its share (largest remainders round), drawn by a stream
-    keyed by the node, in their original order: a smaller hospital with the same case mix."""
+    keyed by the node and `purpose`, in their original order: a smaller hospital with the same case mix."""
     counts = Counter(s.label for s in train)
     exact = {c: size * n / len(train) for c, n in counts.items()}
     quota = {c: int(v) for c, v in exact.items()}
     for c in sorted(exact, key=lambda c: (quota[c] - exact[c], c))[:size - sum(quota.values())]:
         quota[c] += 1
     kept = np.zeros(len(train), dtype=bool)
-    for i in numpy_stream(seed, "train-size", name).permutation(len(train)):
+    for i in numpy_stream(seed, purpose, name).permutation(len(train)):
         if quota[train[i].label] > 0:
             quota[train[i].label] -= 1
             kept[i] = True

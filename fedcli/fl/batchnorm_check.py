@@ -5,7 +5,8 @@ momentum, so they can lag weights that moved fast (few steps per round, a fresh 
 round) or describe batches unlike the test images (real plus another hospital's synthetic ones).
 Each final model is scored on a node's test set three ways, the weights never changing:
 
-- `accuracy_stored`: the running statistics as trained (what every table reports);
+- `accuracy_stored`: the running statistics as trained (what every table reports, unless federate scores with
+  `--eval-statistics local`, whose tables hold `accuracy_refreshed`);
 - `accuracy_refreshed`: statistics re-estimated on the evaluating node's real training images
   (test-time adaptation to that node);
 - `accuracy_refreshed_as_trained`: re-estimated on the batches the evaluating node trains on in
@@ -29,7 +30,7 @@ from fedcli.data.tensor_source import TensorSource
 from fedcli.fl.local import Batches, LocalSettings
 
 COLUMNS = ("model_node", "test_node", "accuracy_stored", "accuracy_refreshed", "accuracy_refreshed_as_trained")
-DIAGNOSTIC = COLUMNS[3:]  # added to the final round's metrics rows, which carry them through checkpoints
+DIAGNOSTIC = COLUMNS[2:]  # added to the final round's metrics rows, which carry them through checkpoints
 
 
 def has_batchnorm(model: nn.Module) -> bool:

@@ -101,7 +101,8 @@ def build(cfg: FederateConfig, manifest: Manifest, seed: int, *, name: str | Non
     trainer = LocalTrainer(data, budget, seed, device, cfg.model, cfg.pretrained, cfg.model_weights, semi)
     transport = transport or InProcessTransport()
     local_nodes = list(data.nodes if local_nodes is None else local_nodes)
-    evaluator = Evaluator(data, trainer, transport, local_nodes, cfg.bootstrap, cross_eval)
+    evaluator = Evaluator(data, trainer, transport, local_nodes, cfg.bootstrap, cross_eval,
+                          cfg.eval_statistics == "local")
     return Federation(data, trainer, evaluator, BufferExchange(data, transport), transport, local_nodes,
                       cfg.weighting, cfg.participation)
 

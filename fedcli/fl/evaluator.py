@@ -1,6 +1,12 @@
 """Evaluation of a run's models on the test sets of this process's nodes: metrics with bootstrap
 intervals, the ensemble of the node models, the final round's BatchNorm diagnostic, and the final
-predictions the report pairs strategies on."""
+predictions the report pairs strategies on.
+
+`--eval-statistics local` scores every model on a node's test (and validation) images with its BatchNorm
+statistics first re-estimated on that node's training images, labelled and unlabelled (images only: no label is
+read), as a hospital calibrates a model it receives: one set of statistics averaged over differing scanners, which
+no hospital's images have, is then no part of a score. The global test set, no node's, keeps the stored
+statistics; the final round's diagnostic keeps its three readings, the stored one included."""
 
 from __future__ import annotations
 
@@ -26,11 +32,13 @@ TrainedOn = Callable[[str], tuple[TensorSource, "TensorSource | None"]]  # node 
 
 class Evaluator:
     def __init__(self, data: NodeData, trainer: LocalTrainer, transport: Transport, local_nodes: list[str],
-                 bootstrap: int = 1000, cross_eval: bool = True):
+                 bootstrap: int = 1000, cross_eval: bool = True, local_statistics: bool = False):
         """`cross_eval`: evaluate every node's model, not only this process's (models then travel to every
-        test set)."""
+        test set); `local_statistics`: score with statistics re-estimated on the test node's training images."""
         self.data, self.trainer, self.transport = data, trainer, transport
         self.local_nodes, self.bootstrap, self.cross_eval = local_nodes, bootstrap, cross_eval
+        self.own: TrainedOn = lambda node: (data.own_images(node), None)
+        self.scoring: TrainedOn | None = self.own if local_statistics else None
         self.seed, self.device = trainer.seed, trainer.device
         self._counts: dict[str, np.ndarray] = {}
 
@@ -59,7 +67,8 @@ class Evaluator:
         the partition has one (no diagnostic: it is no node's)."""
         if self.cross_eval:
             models = self.shared_models(round_, models)
-        probs = self.with_ensemble(models, self.probabilities(models))
+        scored = self.probabilities(models, self.scoring, (), round_)
+        probs = self.with_ensemble(models, dict(scored))
         manifest = self.data.manifest
         rows = []
         for key, per_node in probs.items():
@@ -70,29 +79,33 @@ class Evaluator:
                              "n_test": len(y), **evaluate(y, p, counts, manifest.positive_class,
                                                           manifest["label_names"])})
         if trained_on is not None:
-            train = self.data.train
-            real = self.probabilities(models, lambda node: (train[node], None), (), round_)
-            same = not self.data.augment and all(trained_on(node)[0] is train[node] and trained_on(node)[1] is None
+            real = scored if self.scoring else self.probabilities(models, self.own, (), round_)
+            same = not self.data.augment and all(trained_on(node)[0] is self.data.own_images(node)
+                                                 and trained_on(node)[1] is None
                                                  for node in self.local_nodes)  # one stream: the same statistics
             as_trained = real if same else self.probabilities(models, trained_on, self.data.augment, round_)
-            variants = {"accuracy_refreshed": self.with_ensemble(models, real),
+            stored = self.with_ensemble(models, self.probabilities(models)) if self.scoring else probs
+            variants = {"accuracy_stored": stored, "accuracy_refreshed": self.with_ensemble(models, real),
                         "accuracy_refreshed_as_trained": self.with_ensemble(models, as_trained)}
             for row in rows:
                 y = self.data.test[row["test_node"]].labels.numpy()
                 for column, p in variants.items():
                     row[column] = float((p[row["model_node"]][row["test_node"]].argmax(axis=1) == y).mean())
         if self.data.has_validation:
-            self.add_validation_accuracy(rows, models)
+            self.add_validation_accuracy(rows, models, round_)
         return rows + self.on_global_test(strategy, round_, models)
 
-    def add_validation_accuracy(self, rows: list[dict], models: dict[str, nn.Module]) -> None:
+    def add_validation_accuracy(self, rows: list[dict], models: dict[str, nn.Module], round_: int) -> None:
         """Each row's `validation_accuracy`: its model's accuracy on its test node's validation part (a few-labels
         partition's, never trained on), by which the report's best-validation reading selects, as FedPerl's authors
         keep each client's model of best validation accuracy; NaN for the ensemble and an empty part."""
         for row in rows:
-            held, model = self.data.validation[row["test_node"]], models.get(row["model_node"])
-            row["validation_accuracy"] = accuracy(model, held, self.device) if model is not None and len(held.labels) \
-                else float("nan")
+            node, model = row["test_node"], models.get(row["model_node"])
+            held = self.data.validation[node]
+            if model is None or not len(held.labels):
+                row["validation_accuracy"] = float("nan")
+                continue
+            row["validation_accuracy"] = accuracy(self.scored_model(model, node, round_), held, self.device)
 
     def on_global_test(self, strategy: str, round_: int, models: dict[str, nn.Module]) -> list[dict]:
         """The rows of the global test set (test node GLOBAL_TEST): each model scored once, a node's model by its
@@ -120,11 +133,13 @@ class Evaluator:
             self._counts[node] = resample_counts(self.seed, node, size, self.bootstrap)
         return self._counts[node]
 
-    def own_predictions(self, models: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+    def own_predictions(self, models: dict[str, nn.Module], round_: int) -> dict[str, torch.Tensor]:
         """Each local node's own (or the shared) model's softmax on that node's test set, `<model key>/<test
-        node>`, with the labels, `labels/<test node>`: what the report pairs strategies on (report/paired.py)."""
+        node>`, with the labels, `labels/<test node>`: what the report pairs strategies on (report/paired.py);
+        scored as round `round_`'s metrics are (the final round)."""
         shared = REGISTRY.shared_model_keys()
-        probs = self.probabilities({key: m for key, m in models.items() if key in self.local_nodes or key in shared})
+        probs = self.probabilities({key: m for key, m in models.items() if key in self.local_nodes or key in shared},
+                                   self.scoring, (), round_)
         out = {f"{key}/{node}": torch.from_numpy(p) for key, per_node in probs.items() for node, p in per_node.items()
                if key in (node, *shared)}
         return out | {f"{LABELS}/{node}": self.data.test[node].labels.clone() for node in self.local_nodes}
@@ -137,13 +152,23 @@ class Evaluator:
         out: dict[str, dict[str, np.ndarray]] = {key: {} for key in models}
         for node in self.local_nodes:
             for key, model in models.items():
-                if refresh is not None and has_batchnorm(model):
-                    primary, replay = refresh(node)
-                    batches = refresh_batches(primary, replay, self.trainer.batch_of(node), augment,
-                                              torch_stream(self.seed, node, round_, "bn-reestimate"))
-                    model = reestimated(model, batches, self.device)
+                if refresh is not None:
+                    model = self.refreshed(model, node, refresh, augment, round_)
                 out[key][node] = predict(model, self.data.test[node].images, self.device)
         return out
+
+    def refreshed(self, model: nn.Module, node: str, refresh: TrainedOn, augment: tuple[str, ...],
+                  round_: int) -> nn.Module:
+        if not has_batchnorm(model):
+            return model
+        primary, replay = refresh(node)
+        batches = refresh_batches(primary, replay, self.trainer.batch_of(node), augment,
+                                  torch_stream(self.seed, node, round_, "bn-reestimate"))
+        return reestimated(model, batches, self.device)
+
+    def scored_model(self, model: nn.Module, node: str, round_: int) -> nn.Module:
+        """`model` as it is scored on `node` (fl/evaluator.py's docstring)."""
+        return model if self.scoring is None else self.refreshed(model, node, self.scoring, (), round_)
 
     def with_ensemble(self, models: dict[str, nn.Module], probs: dict[str, dict[str, np.ndarray]]) -> dict:
         node_models = [key for key in models if key in self.data.nodes]

@@ -23,6 +23,7 @@ Optimizer = Literal["adam", "sgd"]
 Weighting = Literal["samples", "equal"]  # averaging weights: train-set sizes (FedAvg's paper), or equal (FedBN's code)
 Ssl = Literal["none", "fixmatch"]  # --ssl: the local objective on a few-labels partition (fl/fixmatch.py)
 PartialBatch = Literal["keep", "drop"]  # an epoch's last partial batch (fl/local.py epoch_images)
+EvalStatistics = Literal["stored", "local"]  # BatchNorm statistics models are scored with (fl/evaluator.py)
 Labels = Literal["visible", "all"]  # --labels all: the oracle of the upper bounds (partition/hidden_labels.json)
 FIXMATCH_OPTIONS = ("confidence", "lambda_u", "unlabeled_ratio")
 ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
@@ -62,6 +63,7 @@ class SharedOptions:
     model_weights: Path | None = None
     eval_every: int = ranged(1, 1, MAX_COUNT)
     bootstrap: int = ranged(1000, 10, 100_000, why="resamples for the 95% intervals")
+    eval_statistics: EvalStatistics = "stored"
     fold: int | None = ranged(None, 0, MAX_FOLDS - 1)
     cv: bool = False
     seed: int | None = ranged(None, 0, MAX_SEED)

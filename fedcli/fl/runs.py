@@ -254,7 +254,7 @@ BUDGET = "budget.csv"
 def batchnorm_frame(metrics: pd.DataFrame) -> pd.DataFrame:
     """The final round's BatchNorm diagnostic (fl/batchnorm_check.py), one row per model and test set."""
     final = metrics[metrics["round"] == metrics["round"].max()].dropna(subset=list(DIAGNOSTIC))
-    return final.rename(columns={"accuracy": "accuracy_stored"})[list(BN_COLUMNS)].reset_index(drop=True)
+    return final[list(BN_COLUMNS)].reset_index(drop=True)
 
 
 def checkpoint_dir(out: Path) -> Path:

@@ -69,7 +69,7 @@ def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fol
         rows, transfers, spent = engine.run_rounds(fed, strategy, cfg.rounds, cfg.eval_every, Checkpoint(work, fed.nodes),
                                             computed(resolved), cfg.resume, on_round)
     states = {key: model.state_dict() for key, model in strategy.models().items()}
-    write_output(out, rows, transfers, states, fed.evaluator.own_predictions(strategy.models()), resolved,
+    write_output(out, rows, transfers, states, fed.evaluator.own_predictions(strategy.models(), cfg.rounds), resolved,
                  cfg.overwrite or cfg.resume, strategy.kept(), strategy.tables(), spent)
     shutil.rmtree(work, ignore_errors=True)
     return StrategyRun(name, fold, out, own_site(rows), fed.nodes)

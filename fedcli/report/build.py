@@ -16,7 +16,7 @@ from fedcli.config import METRIC_COLUMNS, ReportConfig
 from fedcli.devices import with_threads
 from fedcli.layout import report_dir
 from fedcli.locking import locked
-from fedcli.report import calibration, few_labels, figures, frontier, skew_study, study
+from fedcli.report import calibration, few_labels, few_labels_paired, figures, frontier, skew_study, study
 from fedcli.report.collect import SubExperiment, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.study import Missing, ReportTable
@@ -113,6 +113,8 @@ def run(cfg: ReportConfig) -> Report:
             aurc = calibration.calibration_figure(few_labels.variants(subs), out / "figures" / "calibration.png")
             w.table(few_labels.few_labels_table(subs, metric, aurc))
             w.table(few_labels.few_labels_table(subs, metric, model="best-validation"))
+            w.table(few_labels_paired.against_ssfl_table(subs, metric))
+            w.table(few_labels_paired.regime_table(subs, metric))
             if aurc:
                 w.figure("calibration.png", "Reliability per client on Ding et al.'s adaptive bins, every variant a "
                          "line (each client's own test set under its final model, seeds pooled), and each variant's "

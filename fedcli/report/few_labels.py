@@ -4,9 +4,10 @@ Every run of the experiment's sub-experiments is one variant: its strategy, its 
 and what it learnt from (the visible labels only, the lower bound; FixMatch on the unlabelled images; every label,
 the oracle's upper bound). A variant's cell pools its seeds: per seed, the mean, median and standard deviation
 over the clients of each client's own test set under the final model, then their means over the seeds.
-- RI: the relative improvement of the mean over FedAvg on the labelled images alone (the study's baseline).
-- AC: the training bytes a variant moved beyond SSFL's (FedAvg with FixMatch, same participation), relative to
-  them: FedPerl's additional communication, as measured on the transport (comm.csv).
+- RI: the relative improvement of the mean over local training on the labelled images (the paper's Table 2), and,
+  named, over FedAvg on them.
+- AC: the models a client receives per round beyond SSFL's one (FedAvg with FixMatch, same participation),
+  relative to it, counted from the transfers (comm.csv); the training bytes beyond SSFL's beside it, measured.
 - Calibration: the adaptive ECE and MCE (fl/evaluate.py), means over clients and seeds, and the AURC of the
   pooled predictions (report/calibration.py, which also draws the reliability and risk-coverage figure).
 - The community matrix: how often each node chose each peer (peers.csv), over rounds and seeds.
@@ -159,6 +160,11 @@ def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, flo
             f"{SSFL}'s, measured; each at the variant's participation and absent without that run; adaptive ECE and "
             "MCE: Ding et al.'s adaptive bins (fl/adaptive_bins.py), means over clients; AURC: the area under the "
             "risk-coverage curve, lower is better")
+    statistics = sorted({run.config.get("eval_statistics", "stored") for group in by_variant.values() for run in group})
+    note += {("local",): "; every model scored with BatchNorm statistics re-estimated on the client's own training "
+                         "images (federate --eval-statistics local)",
+             ("stored",): ""}.get(tuple(statistics), "; scored with the statistics of each run's --eval-statistics, "
+                                                     "which differ between variants")
     if holders:
         note += (f". {', '.join(holders)} held the held-apart set: real labelled images from every node "
                  "(FedPerl's global validation set, read by the validation policies)")

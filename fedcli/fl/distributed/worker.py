@@ -160,7 +160,7 @@ class Rank:
         for key, model in strategy.models().items():
             save_tensors(final / "models" / f"{key}.safetensors",
                          {k: v.detach().cpu() for k, v in model.state_dict().items()})
-        save_tensors(final / PREDICTIONS, fed.evaluator.own_predictions(strategy.models()))
+        save_tensors(final / PREDICTIONS, fed.evaluator.own_predictions(strategy.models(), cfg.rounds))
         for kept, tensors in strategy.kept().items():
             save_tensors(final / SHARED / f"{kept}.safetensors", tensors)
         self.group.exchange(f"{run_label(name, fold)}: writing the results", True)  # final models are on disk
