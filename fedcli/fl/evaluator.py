@@ -37,7 +37,7 @@ class Evaluator:
         test set); `local_statistics`: score with statistics re-estimated on the test node's training images."""
         self.data, self.trainer, self.transport = data, trainer, transport
         self.local_nodes, self.bootstrap, self.cross_eval = local_nodes, bootstrap, cross_eval
-        self.own: TrainedOn = lambda node: (data.own_images(node), None)
+        self.own: TrainedOn = lambda node: (data.own[node], None)  # labelled and unlabelled, labels unread
         self.scoring: TrainedOn | None = self.own if local_statistics else None
         self.seed, self.device = trainer.seed, trainer.device
         self._counts: dict[str, np.ndarray] = {}
@@ -67,7 +67,7 @@ class Evaluator:
         the partition has one (no diagnostic: it is no node's)."""
         if self.cross_eval:
             models = self.shared_models(round_, models)
-        scored = self.probabilities(models, self.scoring, (), round_)
+        scored, validation = self.scored(models, round_)
         probs = self.with_ensemble(models, dict(scored))
         manifest = self.data.manifest
         rows = []
@@ -80,7 +80,7 @@ class Evaluator:
                                                           manifest["label_names"])})
         if trained_on is not None:
             real = scored if self.scoring else self.probabilities(models, self.own, (), round_)
-            same = not self.data.augment and all(trained_on(node)[0] is self.data.own_images(node)
+            same = not self.data.augment and all(trained_on(node)[0] is self.data.own[node]
                                                  and trained_on(node)[1] is None
                                                  for node in self.local_nodes)  # one stream: the same statistics
             as_trained = real if same else self.probabilities(models, trained_on, self.data.augment, round_)
@@ -92,20 +92,27 @@ class Evaluator:
                 for column, p in variants.items():
                     row[column] = float((p[row["model_node"]][row["test_node"]].argmax(axis=1) == y).mean())
         if self.data.has_validation:
-            self.add_validation_accuracy(rows, models, round_)
+            for row in rows:  # the ensemble has no one model: NaN, as for an empty part
+                row["validation_accuracy"] = validation.get((row["model_node"], row["test_node"]), float("nan"))
         return rows + self.on_global_test(strategy, round_, models)
 
-    def add_validation_accuracy(self, rows: list[dict], models: dict[str, nn.Module], round_: int) -> None:
-        """Each row's `validation_accuracy`: its model's accuracy on its test node's validation part (a few-labels
-        partition's, never trained on), by which the report's best-validation reading selects, as FedPerl's authors
-        keep each client's model of best validation accuracy; NaN for the ensemble and an empty part."""
-        for row in rows:
-            node, model = row["test_node"], models.get(row["model_node"])
-            held = self.data.validation[node]
-            if model is None or not len(held.labels):
-                row["validation_accuracy"] = float("nan")
-                continue
-            row["validation_accuracy"] = accuracy(self.scored_model(model, node, round_), held, self.device)
+    def scored(self, models: dict[str, nn.Module], round_: int) -> tuple[dict[str, dict[str, np.ndarray]],
+                                                                         dict[tuple[str, str], float]]:
+        """model key -> test node -> softmax, each model as it is scored on that node (the module's docstring); and,
+        on a few-labels partition with validation parts, (model key, node) -> accuracy on the node's validation part
+        (never trained on), by which the report's best-validation reading selects, as FedPerl's authors keep each
+        client's model of best validation accuracy. One re-estimate serves both."""
+        probs: dict[str, dict[str, np.ndarray]] = {key: {} for key in models}
+        validation: dict[tuple[str, str], float] = {}
+        for node in self.local_nodes:
+            held = self.data.validation[node] if self.data.has_validation else None
+            for key, model in models.items():
+                if self.scoring is not None:
+                    model = self.refreshed(model, node, self.scoring, (), round_)
+                probs[key][node] = predict(model, self.data.test[node].images, self.device)
+                if held is not None and len(held.labels):
+                    validation[key, node] = accuracy(model, held, self.device)
+        return probs, validation
 
     def on_global_test(self, strategy: str, round_: int, models: dict[str, nn.Module]) -> list[dict]:
         """The rows of the global test set (test node GLOBAL_TEST): each model scored once, a node's model by its
@@ -165,10 +172,6 @@ class Evaluator:
         batches = refresh_batches(primary, replay, self.trainer.batch_of(node), augment,
                                   torch_stream(self.seed, node, round_, "bn-reestimate"))
         return reestimated(model, batches, self.device)
-
-    def scored_model(self, model: nn.Module, node: str, round_: int) -> nn.Module:
-        """`model` as it is scored on `node` (fl/evaluator.py's docstring)."""
-        return model if self.scoring is None else self.refreshed(model, node, self.scoring, (), round_)
 
     def with_ensemble(self, models: dict[str, nn.Module], probs: dict[str, dict[str, np.ndarray]]) -> dict:
         node_models = [key for key in models if key in self.data.nodes]

@@ -65,7 +65,8 @@ class NodeData:
         self.shared = LazySources(lambda node: self.images.get(node, "shared", None))  # its part of the shared set
         self.unlabeled = LazySources(lambda node: self.images.get(node, "unlabeled", None) if oracle is None
                                      else empty(self.images.get(node, "unlabeled", None)))  # labels: UNSEEN
-        self.own = LazySources(lambda node: TensorSource.concat([self.train[node], self.unlabeled[node]]))
+        self.own = LazySources(lambda node: self.train[node] if not len(self.unlabeled[node]) else
+                               TensorSource.concat([self.train[node], self.unlabeled[node]]))  # every training image
         self.validation = LazySources(lambda node: self.images.get(node, "validation", None))  # few labels' part
         self.has_validation = bool((manifest.data.get("labels") or {}).get("validation_fraction"))
         self.codecs = LazySources(codecs or (lambda node: None))  # a node's VQ-VAE-2 and codes (fedcli/vqvae/codec.py)
@@ -87,12 +88,6 @@ class NodeData:
     def training_images(self, node: str) -> int:
         """A few-labels node's images to train on, labelled or not."""
         return len(self.train[node]) + len(self.unlabeled[node])
-
-    def own_images(self, node: str) -> TensorSource:
-        """Every training image of `node`, labelled or not (labels not to be read): what a re-estimate of its
-        BatchNorm statistics sees; its train source itself when it has no unlabelled part."""
-        unlabelled = self.unlabeled[node]
-        return self.train[node] if not len(unlabelled) else self.own[node]
 
     def held_apart(self) -> TensorSource:
         """The labelled set held apart (partition --held-apart-fraction), as its holder reads it."""

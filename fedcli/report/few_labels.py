@@ -68,6 +68,14 @@ def participating(config: dict) -> list[str]:
     return [f"{share:.0%} participation"] if share < 1 else []
 
 
+def bounds(config: dict) -> tuple[str, str, str, str]:
+    """The variants a run at `config`'s participation is read against: the local and the FedAvg lower bounds,
+    SSFL and the upper bound (the references ran at the same participation)."""
+    share = participating(config)
+    return (labelled("standalone", share, LOWER), labelled("fedavg", share, LOWER), labelled("fedavg", share, SEMI),
+            labelled("fedavg", share, UPPER))
+
+
 def labelled(strategy: str, details: list[str], learnt: str) -> str:
     shown = f" ({', '.join(details)})" if details else ""
     return f"{strategy}{shown} [{learnt}]"
@@ -130,9 +138,7 @@ def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, flo
             "" if model == "last" else " with validation parts (--validation-fraction), evaluated every round"))
     rows, means, sent, models, refs = {}, {}, {}, {}, {}
     for name, group in by_variant.items():
-        share = participating(group[0].config)  # the references ran at the same participation
-        refs[name] = (labelled("standalone", share, LOWER), labelled("fedavg", share, LOWER),
-                      labelled("fedavg", share, SEMI))
+        refs[name] = bounds(group[0].config)
         scores = [np.array(list(MODELS[model](run.metrics, metric).values())) for run in group]
         means[name] = float(np.mean([s.mean() for s in scores]))
         sent[name] = float(np.mean([training_bytes(run) for run in group]))
@@ -143,7 +149,7 @@ def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, flo
                       "adaptive MCE": f"{client_mean(group, 'adaptive_mce', model):.3f}",
                       **({"AURC": f"{aurc[name]:.3f}"} if aurc and name in aurc else {}), "seeds": str(len(group))}
     for name in rows:
-        local, lower, ssfl = refs[name]
+        local, lower, ssfl, _ = refs[name]
         rows[name]["RI (%)"] = relative(means[name], means.get(local, float("nan")), 2)
         rows[name]["RI vs labelled-only FedAvg (%)"] = relative(means[name], means.get(lower, float("nan")), 2)
         rows[name]["AC (%)"] = relative(models[name], models.get(ssfl, float("nan")), 0)
@@ -160,11 +166,11 @@ def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, flo
             f"{SSFL}'s, measured; each at the variant's participation and absent without that run; adaptive ECE and "
             "MCE: Ding et al.'s adaptive bins (fl/adaptive_bins.py), means over clients; AURC: the area under the "
             "risk-coverage curve, lower is better")
-    statistics = sorted({run.config.get("eval_statistics", "stored") for group in by_variant.values() for run in group})
-    note += {("local",): "; every model scored with BatchNorm statistics re-estimated on the client's own training "
-                         "images (federate --eval-statistics local)",
-             ("stored",): ""}.get(tuple(statistics), "; scored with the statistics of each run's --eval-statistics, "
-                                                     "which differ between variants")
+    statistics = {run.config.get("eval_statistics", "stored") for group in by_variant.values() for run in group}
+    if "local" in statistics:
+        note += ("; every model scored with BatchNorm statistics re-estimated on the client's own training images "
+                 "(federate --eval-statistics local)" if statistics == {"local"} else
+                 "; the variants' runs scored with different --eval-statistics")
     if holders:
         note += (f". {', '.join(holders)} held the held-apart set: real labelled images from every node "
                  "(FedPerl's global validation set, read by the validation policies)")

@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fedcli.fl.evaluate import percentile_interval
 from fedcli.report.collect import Run, SubExperiment, final_rows, own_rows
-from fedcli.report.few_labels import (BASELINE, LOCAL, LOWER, SEMI, SSFL, UPPER, labelled, participating,
-                                      variants)
-from fedcli.report.paired import cell, scores
+from fedcli.report.few_labels import BASELINE, LOCAL, SSFL, bounds, variants
+from fedcli.report.paired import cell, scores, with_mean
 from fedcli.report.study import Built, Missing, ReportTable
 
 PLATEAU = 0.02  # the upper bound has reached a plateau when its client mean moved less than this over its last
@@ -25,7 +25,7 @@ PLATEAU = 0.02  # the upper bound has reached a plateau when its client mean mov
 
 def client_means(run: Run, sub: SubExperiment, metric: str) -> np.ndarray | None:
     scored = scores(run, sub, metric)
-    return None if scored is None else np.mean([scored[node] for node in sub.nodes], axis=0)
+    return None if scored is None else with_mean(scored, sub.nodes)["mean"]
 
 
 def by_partition(pairs: list[tuple[Run, SubExperiment]]) -> dict[tuple, tuple[Run, SubExperiment]]:
@@ -44,18 +44,11 @@ def paired(found: dict[str, list[tuple[Run, SubExperiment]]], name: str, referen
     return (np.mean(per_seed, axis=0), len(per_seed)) if per_seed else None
 
 
-def references(found: dict[str, list[tuple[Run, SubExperiment]]]) -> dict[str, list[str]]:
-    """Each variant's participation's local lower bound, FedAvg lower bound, SSFL and upper bound."""
-    return {name: [labelled(strategy, participating(pairs[0][0].config), learnt)
-                   for strategy, learnt in (("standalone", LOWER), ("fedavg", LOWER), ("fedavg", SEMI),
-                                            ("fedavg", UPPER))]
-            for name, pairs in found.items()}
-
-
 def against_ssfl_table(subs: list[SubExperiment], metric: str) -> Built:
     title = "Few labels: every variant minus SSFL (FedAvg with FixMatch at its participation), paired"
     found, rows = variants(subs), {}
-    for name, (_, _, ssfl, _) in references(found).items():
+    for name, pairs in found.items():
+        ssfl = bounds(pairs[0][0].config)[2]
         if name != ssfl and (result := paired(found, name, ssfl, metric)) is not None:
             rows[name] = {f"{metric} difference [95% interval]": cell(result[0]), "seeds": str(result[1])}
     if not rows:
@@ -81,26 +74,25 @@ def plateau_change(pairs: list[tuple[Run, SubExperiment]], metric: str) -> float
 def regime_table(subs: list[SubExperiment], metric: str) -> Built:
     """Whether the federation learns at this budget: the upper bound beats both lower bounds, on a plateau."""
     title = "Few labels: the regime check (the upper bound against both lower bounds)"
-    found, rows = variants(subs), {}
-    for name, (local, lower, _, upper) in references(found).items():
-        if name != upper or upper not in found:
+    found, rows, final = variants(subs), {}, set()
+    for upper, pairs in found.items():
+        local, lower, _, named = bounds(pairs[0][0].config)
+        if upper != named:
             continue
-        final = [int(final_rows(run.metrics)["round"].max()) for run, _ in found[upper]]
-        change = plateau_change(found[upper], metric)
+        final |= {int(final_rows(run.metrics)["round"].max()) for run, _ in pairs}
+        change = plateau_change(pairs, metric)
         for bound in (local, lower):
-            result = paired(found, upper, bound, metric)
-            if result is None:
+            if (result := paired(found, upper, bound, metric)) is None:
                 continue
             diff, seeds = result
-            lo = float(np.percentile(diff[1:], 2.5))
             rows[f"{upper} minus {bound}"] = {
                 f"{metric} difference [95% interval]": cell(diff), "seeds": str(seeds),
                 "upper bound's change over its last evaluation interval": f"{change:+.3f}",
-                "holds": "yes" if lo > 0 and abs(change) < PLATEAU else "no"}
-        if rows:
-            note = (f"the final round ({', '.join(sorted({str(r) for r in final}))}); paired as every few-labels "
-                    f"difference is; holds: the interval above 0 and the upper bound's client mean moved less than "
-                    f"{PLATEAU} over its last evaluation interval (a plateau), the sanity condition under which the "
-                    "methods between the bounds can be ordered")
-            return ReportTable("few_labels_regime", title, pd.DataFrame(rows).T, note, rows_are="comparison")
-    return Missing(title, f"few-labels runs of {LOCAL}, {BASELINE} and the upper bound (federate --labels all)")
+                "holds": "yes" if percentile_interval(diff[1:])[0] > 0 and abs(change) < PLATEAU else "no"}
+    if not rows:
+        return Missing(title, f"few-labels runs of {LOCAL}, {BASELINE} and the upper bound (federate --labels all)")
+    note = (f"the final round ({', '.join(map(str, sorted(final)))}); paired as every few-labels difference is; "
+            f"holds: the interval above 0 and the upper bound's client mean moved less than {PLATEAU} over its last "
+            "evaluation interval (a plateau), the sanity condition under which the methods between the bounds can be "
+            "ordered")
+    return ReportTable("few_labels_regime", title, pd.DataFrame(rows).T, note, rows_are="comparison")
