@@ -21,7 +21,7 @@ from typing import Any
 from fedcli.artifacts import OLD, STAGING, parse_tensors, read_json, sha256_bytes, sha256_file
 from fedcli.errors import UserError
 from fedcli.layout import (BUFFER, CODES, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE,
-                           GENERATOR_RESEEDED, GENERATOR_TINY, PHASE1_STATE, PREDICTIONS, inside)
+                           GENERATOR_RESEEDED, GENERATOR_TINY, LIRA_PATTERN, PHASE1_STATE, PREDICTIONS, inside)
 
 CONFIG = "config.json"
 SUB_EXPERIMENTS = ("runs", "select")  # <exp>/runs/<point>/ and <exp>/select/<point>/ hold whole experiments
@@ -59,7 +59,7 @@ KINDS: tuple[Kind, ...] = (
          "(federate --labels all: read_hidden_labels checks the hash and every label)"),
     Kind("generator", tuple("gan/*/" + name for name in (GENERATOR, GENERATOR_PHASE1, GENERATOR_CONTROL,
                                                          GENERATOR_RESEEDED, GENERATOR_TINY,
-                                                         GENERATOR_REFERENCE)),
+                                                         GENERATOR_REFERENCE, LIRA_PATTERN)),
          f"{RECORDED}; metadata names its node; tensors fit the architecture; finite values", recorded=True),
     Kind("phase-1 state", ("gan/*/" + PHASE1_STATE,),
          f"{RECORDED}; metadata names its node; its key (every option up to phase 2, the partition, seed, node, "

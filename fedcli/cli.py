@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from fedcli import __version__, console, events
-from fedcli.config import (AuditConfig, Device, Engine, GanConfig, Launch, LpipsNet, Metric, ModelName,
+from fedcli.config import (AuditConfig, Device, DpNoise, Engine, GanConfig, Launch, LpipsNet, Metric, ModelName,
                            PartitionConfig, PredictConfig, Preprocess, PrivacyLoss, PrivacyScale, ReportConfig, Scheme,
                            SelectRule, Source, Task, number_or_keyword, read_recipe, resolve)
 from fedcli.errors import UserError, environment_message
@@ -281,6 +281,12 @@ def train_gan(
     reference: int = typer.Option(GanConfig.reference, help="Also train a reference GAN (phase 1's recipe) on the "
                                   "node's train images minus the first N that audit-privacy scores as members, for "
                                   "the calibrated attack (GAN-Leaks-cal; audit with --max-images at most N). 0: none."),
+    lira_references: int = typer.Option(GanConfig.lira_references, help="Also train K reference generators per node "
+                                        "for audit-privacy's LiRA membership game, each exactly as the released one "
+                                        "(phase 1 and 2, or DP) on the node's train images outside the audited "
+                                        "members plus a random half of its members and as many class-matched test "
+                                        "images (complementary halves: every image IN for K/2). Even; 0: none. "
+                                        "Costs K x the node's training."),
     tiny_node: int = typer.Option(GanConfig.tiny_node, help="Training images of the tiny-node control (--controls; at "
                                   "most a quarter of the node's), class by class."),
     dp_epsilon: Optional[str] = typer.Option(None, parser=number_or_keyword, show_default=False, help=(
@@ -295,6 +301,10 @@ def train_gan(
     dp_max_grad_norm: float = typer.Option(GanConfig.dp_max_grad_norm, help="DP clipping bound C: each real image's "
                                            "gradient over all discriminator (vqvae2: VQ-VAE-2, prior) parameters "
                                            "is clipped to this L2 norm."),
+    dp_noise: DpNoise = typer.Option(GanConfig.dp_noise, help="Where DP-SGD's Gaussian noise comes from: keyed (a "
+                                     "stream of the run's seed: reproducible, but private only while the seed, which "
+                                     "config.json records, stays secret) or secure (ChaCha20 seeded by the OS's "
+                                     "entropy, for deployment: the run is not reproducible). Needs --dp-epsilon."),
     vq_lr: float = typer.Option(GanConfig.vq_lr, help="vqvae2: Adam learning rate of the VQ-VAE-2 and its priors."),
     vq_beta: float = typer.Option(GanConfig.vq_beta, help="vqvae2: commitment weight beta."),
     vq_decay: float = typer.Option(GanConfig.vq_decay, help="vqvae2: the codebooks' EMA decay."),
@@ -521,9 +531,10 @@ def audit_privacy(
     lpips_weights: Optional[Path] = typer.Option(None, help="The LPIPS backbone weights train-gan used \\[default: "
                                                  "the torch hub cache, else the named random fallback].",
                                                  show_default=False),
-    max_auroc: float = typer.Option(AuditConfig.max_auroc, help="Verdict: fail on a membership AUROC or buffer "
-                                    "member share significantly above this; pass needs their 95% upper bounds "
-                                    "at most this (0.5 = no leak)."),
+    max_auroc: float = typer.Option(AuditConfig.max_auroc, help="Verdict, two-sided: fail on a membership AUROC "
+                                    "or buffer member share significantly beyond this or below 1 minus it (a "
+                                    "reversed leak); pass needs their 95% intervals within [1 - this, this] "
+                                    "(0.5 = no leak)."),
     min_distance: float = typer.Option(AuditConfig.min_distance, help="Verdict: fail if members' median LPIPS to "
                                        "the buffer is below this (0 disables)."),
     standard: bool = typer.Option(AuditConfig.standard, help="Also project the standard (phase-1) generator: the "
@@ -543,6 +554,11 @@ def audit_privacy(
                                           "attack and restart (the reference study: 20,000)."),
     attack_restarts: int = typer.Option(AuditConfig.attack_restarts, help="--shared: random starts per attack; "
                                         "the best match is kept."),
+    classifier_references: int = typer.Option(AuditConfig.classifier_references, help="--shared: reference "
+                                              "classifiers per node for the LiRA membership game on the shared "
+                                              "classifiers, each trained as a standalone node on half the node's "
+                                              "audited images; even and at least 4, 0 = the loss attack alone "
+                                              "(each costs about one standalone run of the node)."),
     seed: Optional[int] = typer.Option(None, help="Seed \\[default: the partition's].", show_default=False),
     device: Device = typer.Option(AuditConfig.device, help="auto (CUDA when present), cpu or cuda."),
     threads: Optional[int] = typer.Option(None, help=THREADS_HELP, show_default=False),
@@ -575,7 +591,10 @@ def audit_privacy(
                           + audit_phase2_note(s))
         if "dp" in s:
             dp = s["dp"]
-            bound = "holds" if dp["audit_bound"]["holds"] else "[red]does NOT hold: check the DP training[/red]"
+            check = dp["audit_bound"]
+            bound = ("holds" if check["holds"] else "[red]does NOT hold: check the DP training[/red]") + (
+                "" if check["informative"] else f" but says nothing: at the FPRs {check['non_members']} non-members "
+                "resolve, e^epsilon x FPR + delta is at least 1")
             console.out.print(f"node {s['node']}: (epsilon {dp['epsilon']:.3g}, delta {dp['delta']:.2g})-DP per "
                               f"training image for the generator and buffer ({dp['accountant']}); the attack's TPR "
                               f"<= e^epsilon x FPR + delta {bound}")

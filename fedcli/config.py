@@ -83,7 +83,7 @@ UNCHANGED_AT = {"ks": None, "train_size": None, "class_mix": [], "shared_fractio
                 "labeled_nodes": None, "held_apart_fraction": 0.0, "held_apart_node": None, "communities": [], "scanners": [], "ssl": "none", "labels": "visible",
                 "steps_per_round": None, "partial_batch": None, "global_test": 0, "participation": 1.0, "eval_statistics": "stored", "forgetting": False, "optimizer": "adam", "weight_decay": 0.0,
                 "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
-                "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4,
+                "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4, "dp_noise": "keyed",
                 "retina_balanced": False, "retina_per_class": RETINA_PER_CLASS, "retina_preprocess": "none"}
 
 
@@ -308,6 +308,7 @@ Launch = Literal["none", "local"]
 ModelName = Literal["cnn", "resnet18", "resnet34", "resnet50", "densenet121", "efficientnet_b0"]
 Auto = Literal["auto"]
 Off = Literal["off"]
+DpNoise = Literal["keyed", "secure"]  # DP-SGD's noise from the run's seed, or from the OS (gan/secure_noise.py)
 
 
 # how train-gan runs, or where it starts from, not what it makes (equal bytes)
@@ -358,10 +359,12 @@ class GanConfig:
     controls: bool = False
     tiny_node: int = ranged(40, 2, MAX_COUNT, why="the tiny-node control's training images")
     reference: int = ranged(0, 0, MAX_COUNT, why="0: no reference GAN")
+    lira_references: int = ranged(0, 0, MAX_COUNT, why="0: no LiRA game")
     dp_epsilon: float | Off | None = ranged(None, 0, MAX_COUNT, low_open=True, inf_allowed=True,
                                             why="inf: the DP code path without noise; off: no DP")
     dp_delta: float | None = ranged(None, 0, 1, low_open=True, high_open=True, why="default 1 / (10 N)")
     dp_max_grad_norm: float = ranged(1.0, 0, MAX_COUNT, low_open=True)
+    dp_noise: DpNoise = "keyed"
     vq_lr: float = ranged(4e-4, 0, 1, low_open=True)
     vq_beta: float = ranged(0.25, 0, 100)
     vq_decay: float = ranged(0.99, 0, 1, high_open=True)
@@ -392,6 +395,10 @@ class GanConfig:
             if isinstance(value, str) and value != "auto":
                 raise UserError(f"--{name.replace('_', '-')} must be a number or auto, got {value!r}")
         check_weights_file(self, "lpips_weights", "fid_weights")
+        if self.lira_references % 2 or self.lira_references == 2:
+            raise UserError(f"--lira-references {self.lira_references}: the references come in complementary halves "
+                            "of the pool, and the game needs two IN and two OUT references per image to fit their "
+                            "spread, so give an even number of at least 4 (or 0)")
         if self.phase1_from is not None and not (Path(self.phase1_from) / "gan").is_dir():
             raise UserError(f"--phase1-from {self.phase1_from} holds no trained GANs (no gan folder); name an "
                             "experiment that ran fedcli train-gan")
@@ -401,6 +408,9 @@ class GanConfig:
             check_private(self)
         elif self.dp_delta is not None:
             raise UserError("--dp-delta needs --dp-epsilon; give both or neither")
+        elif self.dp_noise != "keyed":
+            raise UserError(f"--dp-noise {self.dp_noise} needs --dp-epsilon: it is where DP-SGD's noise comes from; "
+                            "add --dp-epsilon or drop --dp-noise")
         if self.pp_iterations is None:
             object.__setattr__(self, "pp_iterations", 0 if self.private else 100)
 
@@ -457,7 +467,8 @@ def architectures(entries: tuple[str, ...] | str) -> tuple[str, dict[str, str]]:
 
 # what only `audit-privacy --shared` reads: the generator audit's fingerprint leaves them out, the attacks' holds
 # them (with the node and seed)
-ATTACK_OPTIONS = frozenset({"shared", "attack_images", "attack_iterations", "attack_restarts"})
+ATTACK_OPTIONS = frozenset({"shared", "attack_images", "attack_iterations", "attack_restarts",
+                            "classifier_references"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -481,6 +492,7 @@ class AuditConfig:
     attack_images: int = ranged(8, 1, 256)  # latents attacked per node (FedReplay keeps 256)
     attack_iterations: int = ranged(2000, 1, MAX_COUNT)  # the reference study: 20,000
     attack_restarts: int = ranged(2, 1, 100)
+    classifier_references: int = ranged(0, 0, 256, why="0: no LiRA game")  # reference classifiers per node
     seed: int | None = ranged(None, 0, MAX_SEED)
     device: Device = "auto"
     threads: int | None = ranged(None, 1, MAX_THREADS)
@@ -489,6 +501,12 @@ class AuditConfig:
     def __post_init__(self) -> None:
         check_ranges(self)
         check_weights_file(self, "lpips_weights")
+        if self.classifier_references % 2:
+            raise UserError(f"--classifier-references {self.classifier_references} is odd; the LiRA game trains its "
+                            "references in complementary pairs: pass an even number of at least 4, or 0 for no game")
+        if self.classifier_references == 2:
+            raise UserError("--classifier-references 2 is too few: with one reference IN and one OUT per image the "
+                            "game cannot estimate the target's IN and OUT spreads; pass 4 or more, or 0 for no game")
 
 
 Metric = Literal["accuracy", "balanced-accuracy", "f1", "f1-weighted", "precision", "precision-weighted", "auroc",

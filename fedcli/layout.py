@@ -20,6 +20,7 @@ GENERATOR_CONTROL = "generator_control.safetensors"  # phase 2 at alpha = 0: the
 GENERATOR_RESEEDED = "generator_reseeded.safetensors"  # the control from another random stream (--controls)
 GENERATOR_TINY = "generator_tiny.safetensors"  # trained long on a tiny subset of the node (--controls)
 GENERATOR_REFERENCE = "generator_reference.safetensors"  # phase 1 without the audit's members (--reference)
+LIRA_PATTERN = "generator_lira_*.safetensors"  # the LiRA game's reference generators (--lira-references)
 PHASE1_STATE = "phase1_state.safetensors"  # the trainer at the kept phase-1 snapshot (gan/phase1_state.py)
 BUFFER = "buffer.safetensors"
 CODES = "codes.safetensors"  # a VQ-VAE-2 node's codes of its training images, with their labels
@@ -74,3 +75,8 @@ def attacks_dir(exp: Path, strategy: str) -> Path:
 
 def report_dir(exp: Path) -> Path:
     return inside(exp, "report")
+
+
+def lira_generator(reference: int, role: str) -> str:
+    """The file of LiRA reference `reference`'s generator in `role` (the released one, "privacy", or "control")."""
+    return LIRA_PATTERN.replace("*", f"{reference}_{role}")

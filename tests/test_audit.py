@@ -110,7 +110,7 @@ def test_buffer_nearest_neighbours_equal_a_brute_force_search(perceptual):
 def test_the_buffer_attack_rebuilds_the_members_a_buffer_holds_and_none_it_does_not(perceptual, tmp_path, released):
     """A kind with no latent is attacked through its buffer: each image's nearest buffer image is its
     reconstruction. A buffer of the members themselves (decoded codes at their best) gives every member back and
-    AUROC 1; a buffer of the non-members gives the score's other extreme."""
+    AUROC 1; a buffer of the non-members gives the score's other extreme, a reversed leak."""
     members, others = digits(24), digits(24, offset=500)
     images = torch.cat([members, others])
     real = scores.distance_matrix(perceptual, images, images)
@@ -129,7 +129,10 @@ def test_the_buffer_attack_rebuilds_the_members_a_buffer_holds_and_none_it_does_
         assert summary["verdict"]["result"] == "fail"
     else:
         assert torch.equal(reconstructions["buffer"][24:], others)
-        assert privacy["mia"]["auroc"] == 0.0 and rebuilt["non_members"] == 1.0 and not rebuilt["leak"]
+        assert privacy["mia"]["auroc"] == 0.0 and rebuilt["non_members"] == 1.0
+        # two-sided: the score's other extreme names the groups as surely, and is read as reversed
+        assert rebuilt["leak"] and rebuilt["direction"] == effects.REVERSED and privacy["mia"]["strength"] == 1.0
+        assert summary["verdict"]["result"] == "fail" and "reconstruction" in summary["verdict"]["reversed"]
     assert summary["buffer"]["mia"]["auroc"] == privacy["mia"]["auroc"]
 
 
@@ -164,7 +167,7 @@ def test_the_verdict_fails_on_evidence_of_a_leak_and_passes_only_on_evidence_aga
     cfg = AuditConfig(exp=None, max_auroc=0.6, min_distance=0.02)
     assert verdict(summary(0.5, 0.5, 0.05), cfg)["result"] == "pass"
     failed = verdict(summary(0.75, 0.5, 0.05), cfg)
-    assert failed["result"] == "fail" and "membership AUROC" in failed["reasons"][0]
+    assert failed["result"] == "fail" and "membership (training LPIPS) AUROC" in failed["reasons"][0]
     assert "closest records" in verdict(summary(0.5, 0.75, 0.05), cfg)["reasons"][0]
     assert "rebuilt" in verdict(summary(0.5, 0.5, 0.05, rebuilt=(0.4, 0.1)), cfg)["reasons"][0]
     failed = verdict(summary(0.5, 0.5, 0.01), cfg)
@@ -172,7 +175,37 @@ def test_the_verdict_fails_on_evidence_of_a_leak_and_passes_only_on_evidence_aga
     assert verdict(summary(0.75, 0.5, 0.05), AuditConfig(exp=None, max_auroc=0.8))["result"] == "pass"
     # too few images: no leak shown, none ruled out
     few = verdict(summary(0.5, 0.5, 0.05, n=15), cfg)
-    assert few["result"] == "inconclusive" and "upper bound" in few["reasons"][0]
+    assert few["result"] == "inconclusive" and "95% interval" in few["reasons"][0]
+
+
+def test_a_reversed_signal_fails_the_audit_and_is_named_reversed():
+    """Members projecting further than non-members (the review's case: AUROC about 0.11 at 40 images per group)
+    name the members as surely as members projecting closer: an attacker flips the score."""
+    cfg = AuditConfig(exp=None, max_auroc=0.6, min_distance=0.02)
+    reversed_ = summary(0.112, 0.5, 0.05, n=40)
+    mia = reversed_["generators"]["privacy"]["mia"]
+    assert mia["auroc"] < 0.2 and mia["auroc_ci_high"] < 0.3 and mia["direction"] == effects.REVERSED
+    assert mia["strength"] == pytest.approx(1 - mia["auroc"]) and mia["tpr_at_min_fpr"]["tpr"] > 0.5
+    result = verdict(reversed_, cfg)
+    assert result["result"] == "fail" and result["reversed"] == ["membership (training LPIPS)"]
+    assert result["reasons"][0].startswith("reversed membership (training LPIPS) AUROC")
+    # a buffer kept away from exactly the members names them too
+    away = verdict(summary(0.5, 0.1, 0.05), cfg)
+    assert away["result"] == "fail" and "buffer closest records" in away["reversed"]
+    # members rebuilt less often than unseen images
+    pushed = verdict(summary(0.5, 0.5, 0.05, rebuilt=(0.05, 0.4)), cfg)
+    assert pushed["result"] == "fail" and "reconstruction" in pushed["reversed"]
+
+
+def test_the_verdict_reads_the_strongest_of_its_attacks_at_a_corrected_level():
+    """A leak that only the pixel attack sees fails the audit; each attack is tested at ALPHA over their number."""
+    cfg = AuditConfig(exp=None, max_auroc=0.6, min_distance=0.02)
+    found = summary(0.5, 0.5, 0.05)
+    found["generators"]["privacy"]["mia_l2"] = summary(0.8, 0.5, 0.05)["generators"]["privacy"]["mia"]
+    result = verdict(found, cfg)
+    assert result["result"] == "fail" and result["reasons"][0].startswith("membership (pixel L2) AUROC")
+    assert result["thresholds"]["alpha_per_attack"] == pytest.approx(effects.ALPHA / 2)
+    assert set(result["attacks"]) == {"membership (training LPIPS)", "membership (pixel L2)"}
 
 
 def test_the_buffer_test_counts_closest_records_not_synthetic_images():
@@ -327,7 +360,8 @@ def test_the_calibrated_attack_removes_each_images_own_difficulty():
                           for i, d in enumerate(difficulty - (0.01 * is_member if name != "reference" else 0))])
     audited = Audited(torch.zeros(2 * n, 1, 4, 4), torch.zeros(2 * n), [f"i{i}" for i in range(2 * n)], is_member,
                       torch.full((2 * n,), 1e-4), torch.ones(n))
-    buffer = {"real_to_buffer": np.ones(2 * n), "buffer_to_real": np.ones(2 * n), "nearest_real": np.arange(2 * n),
+    buffer = {"real_to_buffer": np.ones(2 * n), "real_to_buffer_l2": np.ones(2 * n), "buffer_to_real": np.ones(2 * n),
+              "nearest_real": np.arange(2 * n),
               "buffer_to_members": np.ones(2 * n), "non_members_to_members": np.ones(n)}
     summary = summarize(frame, audited, buffer, AuditConfig(exp=None), 0, "n0")
     privacy = summary["generators"]["privacy"]

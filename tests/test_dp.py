@@ -149,8 +149,17 @@ def test_training_refuses_a_discriminator_that_mixes_samples():
 
 def test_the_dp_bound_check_flags_an_attack_above_e_to_the_epsilon_fpr_plus_delta():
     mia = {"tpr_at_fpr": {"0.1": {"fpr": 0.1, "tpr": 0.2}, "0.01": None}, "tpr_at_min_fpr": {"fpr": 0.05, "tpr": 0.1}}
-    assert effects.dp_bound(mia, epsilon=1.0, delta=0.0)["holds"]  # 0.2 <= e x 0.1
-    assert not effects.dp_bound(mia, epsilon=0.1, delta=0.0)["holds"]  # 0.2 > 1.105 x 0.1
+    assert effects.dp_bound(mia, epsilon=1.0, delta=0.0, non_members=200)["holds"]  # 0.2 <= e x 0.1
+    assert not effects.dp_bound(mia, epsilon=0.1, delta=0.0, non_members=200)["holds"]  # 0.2 > 1.105 x 0.1
+
+
+def test_the_dp_bound_says_when_it_cannot_fail():
+    """At 40 non-members the lowest resolvable FPR is 0.25, where e^epsilon x FPR reaches 1 for every epsilon above
+    ln 4: the bound then holds for any attack, and says so."""
+    mia = {"tpr_at_fpr": {"0.1": None}, "tpr_at_min_fpr": {"fpr": 0.25, "tpr": 1.0}}
+    loose = effects.dp_bound(mia, epsilon=3.0, delta=1e-3, non_members=40)
+    assert loose["holds"] and not loose["informative"] and loose["non_members"] == 40
+    assert effects.dp_bound(mia, epsilon=1.0, delta=1e-3, non_members=40)["informative"]
 
 
 @pytest.fixture(scope="module")

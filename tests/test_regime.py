@@ -23,7 +23,15 @@ def test_the_first_setting_that_leaks_on_every_node_is_chosen_and_the_bound_is_s
     assert choose(swept, rule) == "n=100"
     result = outcome(swept, rule, tried=3)
     assert result["chosen"] == "n=100" and [s["met"] for s in result["settings"]] == [False, True, True]
-    assert "above 0.6 on every node" in result["rule"]
+    assert "above 0.6 (or below 0.4: reversed) on every node" in result["rule"]
+
+
+def test_a_control_whose_members_sit_further_leaks_too():
+    """Two-sided: an interval below 1 - threshold is a leak an attacker reads by flipping the score."""
+    rule = Rule(0.6)
+    flipped = {"node": "b", "auroc": 0.2, "ci_low": 0.1, "ci_high": 0.3, "members": 40}
+    assert rule.met([reading("a", 0.7), flipped])
+    assert not rule.met([reading("a", 0.7), flipped | {"ci_high": 0.45}])
 
 
 def test_a_sweep_in_which_nothing_leaks_chooses_nothing_and_says_so():
@@ -32,8 +40,8 @@ def test_a_sweep_in_which_nothing_leaks_chooses_nothing_and_says_so():
     result = outcome(swept, rule, tried=2)
     assert result["chosen"] is None
     assert result["said"] == ("regime: none of the 2 settings leaks by the rule (the alpha-0 control's membership "
-                              "AUROC has its 95% lower bound above 0.6 on every node); the highest lowest-node bound "
-                              "was 0.550 at n=50")
+                              "AUROC has its 95% interval above 0.6 (or below 0.4: reversed) on every node); the "
+                              "closest, n=50, missed it on its worst node by 0.050")
     assert not Rule(0.6).met([])
 
 
@@ -73,7 +81,20 @@ def test_the_chosen_setting_fixes_every_sub_experiment(cli, tmp_path, monkeypatc
     assert "Regime: where the unprotected generator leaks" in report
 
 
+def test_the_regime_is_chosen_on_its_own_seed_and_hands_on_its_setting_alone(cli, tmp_path, monkeypatch):
+    """[regime] seed: the sweep partitions on that seed; the sub-experiments keep their own."""
+    monkeypatch.setattr(Rule, "met", lambda self, readings: bool(readings))
+    exp = tmp_path / "exp"
+    cli.ok("run", recipe(tmp_path, '\n[regime]\nseed = 100\n"train_gan.iterations" = [16]\n'), "--exp", exp,
+           "--threads", "2")
+    assert Manifest.load(exp / "regime" / "iterations=16")["seed"] == 100
+    assert Manifest.load(exp)["seed"] == 0
+    assert json.loads((exp / "gan" / "node0" / "config.json").read_text())["config"]["iterations"] == 16
+
+
 @pytest.mark.parametrize("regime, message", [
+    ('seed = 0\n"train_gan.iterations" = [12]', "regime.seed 0 is also a seed the sub-experiments report"),
+    ('seed = -1\n"train_gan.iterations" = [12]', "regime.seed must be a non-negative integer"),
     ('"federate.rounds" = [1]', "[regime] needs grid lists of partition and train_gan options"),
     ('threshold = 0.4\n"train_gan.iterations" = [12]', "regime.threshold must be at least 0.5"),
 ])
@@ -98,7 +119,8 @@ def frontier_sub(seed: int, released: dict, dp: bool = False, kind: str = "style
     from fedcli.report.collect import SubExperiment
 
     def mia(auroc: float) -> dict:
-        return {"mia": {"auroc": auroc, "auroc_ci_low": auroc - 0.12}, "reconstruction_share": {"members": 1.0}}
+        return {"mia": {"auroc": auroc, "auroc_ci_low": auroc - 0.12, "auroc_ci_high": auroc + 0.12},
+                "reconstruction_share": {"members": 1.0}}
     audits = [{"node": node, "attack": "latent projection" if kind == "stylegan2" else "nearest buffer image",
                "buffer": {"dcr_share": 0.5},
                "generators": {"privacy": mia(auroc), "control": mia(auroc if dp else CONTROLS[(seed, node)])},
@@ -124,6 +146,21 @@ def test_the_frontier_pairs_each_release_with_the_regimes_control_of_its_seed_an
     # released lower bounds: FedER's 0.48, 0.34, 0.52, 0.36; DP's 0.38, 0.40; the VQ-VAE-2's 0.88
     assert rows["FedER alpha 4 (all-pairs)"]["still leaking"] == "1/4"
     assert rows["DP epsilon 10"]["still leaking"] == "0/4" and rows["VQ-VAE-2: decoded codes"]["still leaking"] == "4/4"
+
+
+def test_the_frontier_counts_a_reversed_leak_and_the_dp_pairs_it_drops():
+    """Two-sided: a release whose members sit further (interval below 0.5) still leaks; a DP release whose seed and
+    node have no regime control is dropped from the paired interval, and counted."""
+    from fedcli.report.frontier import generator_rows
+
+    alpha = frontier_sub(0, {"node0": 0.2, "node1": 0.5}, alpha=4.0, privacy_loss="nearest")
+    dp = [frontier_sub(s, {"node0": 0.5, "node1": 0.5}, dp=True, dp_epsilon=10.0) for s in (0, 2)]  # no seed-2 control
+    rows = generator_rows([alpha, *dp], "accuracy")
+    assert rows["FedER alpha 4 (nearest)"]["still leaking"] == "1/2"
+    assert rows["FedER alpha 4 (nearest)"]["strongest attack (AUROC, better direction)"] == (
+        "0.650 ± 0.212 (membership (training LPIPS); membership (training LPIPS), reversed)")
+    assert rows["DP epsilon 10"]["minus control, paired [95%]"].endswith("(2 pairs dropped: no control)")
+    assert rows["DP epsilon 10"]["LiRA AUROC"] == "-"
 
 
 def test_the_frontier_lists_each_curves_rows_together_and_in_the_curves_order():

@@ -362,6 +362,28 @@ federate.unlabeled-ratio = 1
     assert "needs a name of its own" in cli.user_error("run", unnamed, "--exp", tmp_path / "third")
 
 
+def test_a_variant_that_names_its_seeds_runs_on_those_alone(cli, tmp_path):
+    """An opt-in cost paid on one seed: the variant crosses only the [sweep] seeds it names; the others every one."""
+    path = recipe(tmp_path, strategies=("feder",), extra="""
+[[sweep.variants]]
+name = "game"
+seeds = [0]
+train_gan.alpha = 4.0
+
+[[sweep.variants]]
+name = "plain"
+train_gan.alpha = 1.0
+
+[sweep]
+seeds = [0, 1]
+""")
+    names = [p.name for p in Recipe.load(path).points()]
+    assert names == ["variant=game,seed=0", "variant=plain,seed=0", "variant=plain,seed=1"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(path.read_text().replace("seeds = [0]\n", "seeds = []\n", 1))
+    assert "seeds must be a non-empty list" in cli.user_error("run", bad, "--exp", tmp_path / "exp", "--dry-run")
+
+
 def test_what_a_sub_experiments_train_gan_would_refuse_is_refused_before_any_trains(cli, tmp_path):
     """A DP plan no noise can meet, in the second variant: `fedcli run` says so in one line after partitioning,
     before the first variant's GANs train (they would have run for nothing)."""

@@ -112,9 +112,12 @@ def test_the_attacks_rebuild_the_patients_behind_the_stems_output_and_score_ever
 def test_the_report_puts_every_attack_beside_its_strategys_accuracy(exp):
     exp, _ = exp
     table = pd.read_csv(exp / "report" / "privacy_frontier.csv").set_index("method")
-    assert list(table.index) == [*(f"fedavg: gradient (batch {b})" for b in (1, 4, 8)), "fedavg: round update (batch 24)",
-                                 "fedreplay: latents", "splitnn: activations"]
+    reconstruction = [*(f"fedavg: gradient (batch {b})" for b in (1, 4, 8)), "fedavg: round update (batch 24)",
+                      "fedreplay: latents", "splitnn: activations"]
+    membership = [f"{s}: global model (membership)" for s in ("fedavg", "fedreplay", "splitnn")]
+    assert list(table.index) == reconstruction + membership  # every shared model is attacked for membership too
     assert table.loc["fedreplay: latents", "reconstructed by attack"] == 1.0
+    assert 0 <= table.loc["fedavg: global model (membership)", "membership AUROC"] <= 1
     assert (exp / "report" / "figures" / "privacy_frontier.png").is_file()
 
 

@@ -1,9 +1,11 @@
 """A memorising regime, chosen by a rule fixed before its sweep (`[regime]` in a recipe).
 
 A privacy loss can only be seen to reduce a leak where there is one. The rule: the alpha-0 control (phase 2 without
-the privacy loss, trained as long as the privacy generator) leaks membership on every node, its membership AUROC's
-95% lower bound above `threshold` (0.6 by default: 40 members against 40 non-members resolve about +-0.13, so
-the point estimate must reach about 0.73). The recipe lists its grid's settings in the order it will try them
+the privacy loss, trained as long as the privacy generator) leaks membership on every node, in either direction:
+its membership AUROC's 95% interval lies above `threshold`, or below 1 - `threshold` (members further than
+non-members, which an attacker flips). 0.6 by default: 40 members against 40 non-members resolve about +-0.13, so
+the point estimate must reach about 0.73. The settings are swept on the recipe's `[regime] seed` (a seed the
+recipe does not report, so that the seed that picked the regime is not one read with it). The recipe lists its grid's settings in the order it will try them
 (cheapest first); the regime is the first setting that meets the rule, and the sweep stops there. A sweep in which
 no setting meets it says so and chooses none: the methods are then not compared on a leak that is not there.
 """
@@ -24,11 +26,18 @@ class Rule:
     threshold: float = THRESHOLD
 
     def describe(self) -> str:
-        return (f"the alpha-0 control's membership AUROC has its 95% lower bound above {self.threshold:g} on every "
-                "node")
+        return (f"the alpha-0 control's membership AUROC has its 95% interval above {self.threshold:g} (or below "
+                f"{1 - self.threshold:g}: reversed) on every node")
 
     def met(self, readings: list[dict]) -> bool:
-        return bool(readings) and all(r["ci_low"] > self.threshold for r in readings)
+        return bool(readings) and all(self.leaks(r) for r in readings)
+
+    def leaks(self, reading: dict) -> bool:
+        return reading["ci_low"] > self.threshold or reading["ci_high"] < 1 - self.threshold
+
+    def margin(self, reading: dict) -> float:
+        """How far the reading's interval clears the threshold in its better direction (positive: it leaks)."""
+        return max(reading["ci_low"] - self.threshold, 1 - self.threshold - reading["ci_high"])
 
 
 def readings(audit_root: Path, nodes: list[str]) -> list[dict]:
@@ -53,9 +62,9 @@ def outcome(swept: list[tuple[str, list[dict]]], rule: Rule, tried: int) -> dict
     if chosen is not None:
         said = f"regime: {chosen}, the first of {tried} settings to meet the rule"
     else:
-        best = max(((name, min(r["ci_low"] for r in found)) for name, found in swept if found),
+        best = max(((name, min(rule.margin(r) for r in found)) for name, found in swept if found),
                    key=lambda item: item[1], default=None)
         said = (f"regime: none of the {tried} settings leaks by the rule ({rule.describe()})"
-                + (f"; the highest lowest-node bound was {best[1]:.3f} at {best[0]}" if best else ""))
+                + (f"; the closest, {best[0]}, missed it on its worst node by {-best[1]:.3f}" if best else ""))
     return {"rule": rule.describe(), "threshold": rule.threshold, "chosen": chosen, "said": said,
             "settings": [{"name": name, "met": rule.met(found), "readings": found} for name, found in swept]}

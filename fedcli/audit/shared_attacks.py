@@ -19,6 +19,9 @@ for the CPU, with `--attack-restarts` starts per image instead).
   common initial model): minus the first node's update (`shared/updates`) taken as the gradient of the mean loss
   over all of its training images at the start, with their labels (Geiping et al.'s approximation of a multi-step
   update; local Adam steps make it a loose one), at most ROUND_UPDATE_IMAGES images.
+- Every strategy's final classifiers, for membership (audit/classifier_membership.py: the loss attack, and with
+  `--classifier-references K` the LiRA game); a strategy that shares whole models alone (FedER's travelling ones)
+  is attacked for membership only.
 - A batch's reconstructions come out in no particular order: each is scored against the original the assignment
   of least total squared error gives it (Hungarian; Geiping et al. reorder so).
 
@@ -43,7 +46,7 @@ from torch import nn
 from fedcli.artifact_kinds import file_sha256, record_files
 from fedcli.artifacts import (check_output_free, load_tensors, provenance, read_json, staged_output, write_csv,
                               write_json)
-from fedcli.audit import figures, inversion, scores
+from fedcli.audit import classifier_membership, figures, inversion, scores
 from fedcli.audit.effects import clopper_pearson
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
@@ -51,7 +54,6 @@ from fedcli.errors import UserError
 from fedcli.fl.strategies import REGISTRY
 from fedcli.layout import attacks_dir, federate_dir
 from fedcli.models.classifier import build_classifier
-from fedcli.predict import load_model
 from fedcli.models.cuts import split
 from fedcli.rng import stream_seed, torch_stream
 
@@ -78,11 +80,13 @@ class Attack:
         return self.attack in ("gradient", "round update") and self.batch > 1
 
 
-ATTACKED_TRANSFERS = ("latents", "activations", "all-reduce")
+RECONSTRUCTED_TRANSFERS = ("latents", "activations", "all-reduce")
+ATTACKED_TRANSFERS = (*RECONSTRUCTED_TRANSFERS, "model")  # a model sent whole is attacked for membership
 
 
 def may_share(strategy: str) -> bool:
-    """Whether a strategy sends something these attacks read: latents, activations, or models to an all-reduce."""
+    """Whether a strategy sends something these attacks read: latents, activations, models to an all-reduce, or
+    models themselves."""
     return any(kind in REGISTRY[strategy].transfers for kind in ATTACKED_TRANSFERS)
 
 
@@ -92,11 +96,17 @@ def shared_strategies(exp: Path) -> list[str]:
 
 
 def attackable(exp: Path, strategy: str) -> bool:
-    """Whether a strategy that may share left what an attack reads: kept latents or activations, or its model."""
+    """Whether a strategy that may share left what an attack reads: kept latents or activations, or its models."""
     folder = federate_dir(exp, strategy)
-    return any(path.is_file() for path in (folder / "shared" / "latents.safetensors",
-                                           folder / "shared" / "activations.safetensors",
-                                           folder / "models" / f"{REGISTRY[strategy].model_key}.safetensors"))
+    kept = (folder / "shared" / "latents.safetensors", folder / "shared" / "activations.safetensors")
+    return any(path.is_file() for path in kept) or classifier_membership.has_final_models(exp, strategy)
+
+
+def averaged_model(exp: Path, strategy: str) -> bool:
+    """Whether a strategy's nodes' models meet in an all-reduce and it published the global model the gradient
+    attacks run on."""
+    return "all-reduce" in REGISTRY[strategy].transfers and (
+        federate_dir(exp, strategy) / "models" / f"{REGISTRY[strategy].model_key}.safetensors").is_file()
 
 
 def federate_config(exp: Path, strategy: str, manifest: Manifest) -> dict:
@@ -122,8 +132,7 @@ def kept_record(exp: Path, strategy: str, name: str, needed: str) -> dict[str, t
 
 def global_model(exp: Path, strategy: str, config: dict, manifest: Manifest) -> nn.Module:
     """The published model, checked as predict loads it (on the CPU: the attacks run there)."""
-    path = federate_dir(exp, strategy) / "models" / f"{REGISTRY[strategy].model_key}.safetensors"
-    return load_model(path, f"{strategy}'s published model", config["model"][0], manifest, "cpu")
+    return classifier_membership.final_model(exp, strategy, REGISTRY[strategy].model_key, config, manifest)
 
 
 def attack_latents(exp: Path, strategy: str, config: dict, manifest: Manifest, nodes: list[str], images: int,
@@ -222,6 +231,9 @@ def attacks_on(exp: Path, strategy: str, manifest: Manifest, nodes: list[str], i
         return attack_latents(exp, strategy, config, manifest, nodes, images, settings, seed), []
     if (shared / "activations.safetensors").is_file():
         return attack_activations(exp, strategy, config, manifest, nodes, settings, seed), []
+    if not averaged_model(exp, strategy):
+        return [], [f"reconstruction: not attacked; {strategy} kept no latents or activations and published no "
+                    "averaged global model for the gradient attacks; its final models are attacked for membership"]
     return attack_gradients(exp, strategy, config, manifest, nodes, settings, seed)
 
 
@@ -279,6 +291,8 @@ def summarize(frame: pd.DataFrame) -> list[dict]:
     """Per node, attack and batch: the mean scores, and the share reconstructed under each score with its exact 95%
     interval."""
     out = []
+    if frame.empty:  # a strategy attacked for membership only
+        return out
     for (node, attack, batch), group in frame.groupby(["node", "attack", "batch"], sort=False):
         reconstructed, chance = {}, {}
         for name in SCORES:
@@ -294,9 +308,10 @@ def summarize(frame: pd.DataFrame) -> list[dict]:
 
 
 def write(out: Path, strategy: str, attacks: list[Attack], notes: list[str], frame: pd.DataFrame,
-          manifest: Manifest, config: dict, settings: inversion.InversionSettings, inputs: dict, seed: int) -> dict:
+          manifest: Manifest, config: dict, settings: inversion.InversionSettings, inputs: dict, seed: int,
+          membership: dict | None) -> dict:
     summary = {"strategy": strategy, "settings": dataclasses.asdict(settings), "attacks": summarize(frame),
-               "notes": notes}
+               "notes": notes} | ({"membership": membership} if membership else {})
     write_csv(out / "reconstructions.csv", frame)
     write_json(out / "summary.json", summary)
     rows = []
@@ -305,7 +320,8 @@ def write(out: Path, strategy: str, attacks: list[Attack], notes: list[str], fra
         label = f"{attack.node} {attack.attack}" + (f" ({attack.batch} images)" if attack.batch > 1 else "")
         rows += [(f"{label}: original", figures.to_display(originals[:8])),
                  (f"{label}: reconstruction", figures.to_display(attack.reconstructions[:8]))]
-    figures.image_rows(out / "reconstructions.png", rows, f"{strategy}: what an attacker rebuilds from what it saw")
+    if rows:
+        figures.image_rows(out / "reconstructions.png", rows, f"{strategy}: what an attacker rebuilds from what it saw")
     costs = {f"{a.node}/{a.attack}/{a.batch}": round(a.seconds, 2) for a in attacks}
     write_json(out / "config.json", provenance("audit-privacy --shared", config, seed, inputs)
                | {"seconds": costs, "files": record_files(out)})
@@ -313,9 +329,10 @@ def write(out: Path, strategy: str, attacks: list[Attack], notes: list[str], fra
 
 
 def run_attacks(exp: Path, manifest: Manifest, nodes: list[str], images: int, settings: inversion.InversionSettings,
-                seed: int, perceptual, overwrite: bool) -> dict[str, dict]:
+                seed: int, perceptual, overwrite: bool, classifier_references: int = 0) -> dict[str, dict]:
     """Every attackable strategy's attacks, each strategy's folder written whole once every attack has run (a
-    refused input leaves no folder behind); their summaries by strategy."""
+    refused input leaves no folder behind); their summaries by strategy. `classifier_references`: the LiRA
+    game's reference classifiers per node (0: the loss attack alone)."""
     strategies = shared_strategies(exp)
     if not strategies:
         raise UserError(f"no federation in {exp / 'federate'} shared latents, activations or models an attack reads "
@@ -325,6 +342,8 @@ def run_attacks(exp: Path, manifest: Manifest, nodes: list[str], images: int, se
         check_output_free(attacks_dir(exp, strategy), overwrite)
     attacked = {strategy: attacks_on(exp, strategy, manifest, nodes, images, settings, seed) for strategy in strategies}
     frames = {strategy: scored(attacks, manifest, perceptual, seed) for strategy, (attacks, _) in attacked.items()}
+    membership = classifier_membership.attack(exp, {s: federate_config(exp, s, manifest) for s in strategies},
+                                              manifest, nodes, classifier_references, seed)
     summaries = {}
     for strategy, (attacks, notes) in attacked.items():
         frame = frames[strategy]
@@ -332,6 +351,7 @@ def run_attacks(exp: Path, manifest: Manifest, nodes: list[str], images: int, se
         inputs = {"manifest": manifest.content_hash, "federate": file_sha256(folder / "config.json")}
         with staged_output(attacks_dir(exp, strategy), overwrite) as out:
             summaries[strategy] = write(out, strategy, attacks, notes, frame, manifest,
-                                        {"nodes": nodes, "images": images, "settings": dataclasses.asdict(settings)},
-                                        settings, inputs, seed)
+                                        {"nodes": nodes, "images": images, "settings": dataclasses.asdict(settings),
+                                         "classifier_references": classifier_references},
+                                        settings, inputs, seed, membership.get(strategy))
     return summaries

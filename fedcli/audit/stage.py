@@ -34,7 +34,7 @@ from torch import nn
 from fedcli import console
 from fedcli.artifact_kinds import AUDITED, AUDITED_CONTROLS, file_sha256, record_files
 from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
-from fedcli.audit import controls, effects, figures, scores
+from fedcli.audit import controls, effects, figures, lira, scores
 from fedcli.audit.progress import ProjectionProgress
 from fedcli.audit.inversion import InversionSettings
 from fedcli.audit.projection import ProjectionSettings, project
@@ -46,8 +46,9 @@ from fedcli.devices import resolve_device, with_threads
 from fedcli.errors import UserError
 from fedcli.gan.kinds import load_generator, recorded_kind
 from fedcli.gan.perceptual import HUB_FILES, Perceptual
+from fedcli.gan.private import default_delta
 from fedcli.locking import locked
-from fedcli.layout import BUFFER, GENERATOR_REFERENCE, attacks_dir, audit_dir, gan_dir
+from fedcli.layout import BUFFER, GENERATOR_REFERENCE, attacks_dir, audit_dir, gan_dir, lira_generator
 from fedcli.replay.buffer import load_buffer_file, sample_buffer
 from fedcli.replay.groups import matched_groups
 from fedcli.replay.record import read_gan_config
@@ -69,6 +70,7 @@ class NodeInputs:
     reseeded: nn.Module | None  # the reseeded control, with --controls
     tiny: nn.Module | None  # the tiny-node control, with --controls
     reference: nn.Module | None  # GAN-Leaks-cal's reference, when train-gan made one (--reference)
+    lira: dict[str, list[nn.Module]] | None = None  # role -> the LiRA references, when train-gan made them
 
 
 def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str, seed: int) -> NodeInputs:
@@ -93,7 +95,7 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str, seed: int) -> 
     reseeded, tiny = ((load_generator(folder, f, saved) for f in AUDITED_CONTROLS.values()) if cfg.controls
                       else (None, None))
     return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], reseeded,
-                      tiny, check_reference(cfg, manifest, node, seed, saved))
+                      tiny, check_reference(cfg, manifest, node, seed, saved), check_lira(cfg, manifest, node, seed, saved))
 
 
 def check_buffer_inputs(cfg: AuditConfig, manifest: Manifest, node: str, kind: str) -> NodeInputs:
@@ -120,6 +122,23 @@ def check_reference(cfg: AuditConfig, manifest: Manifest, node: str, seed: int, 
                         f"scores (it held out {len(saved['reference']['held_out_ids'])}, with the partition's seed); "
                         f"lower --max-images, or re-run fedcli train-gan --reference {cfg.max_images} --overwrite")
     return load_generator(gan_dir(cfg.exp, node), GENERATOR_REFERENCE, saved)
+
+
+def check_lira(cfg: AuditConfig, manifest: Manifest, node: str, seed: int, saved: dict) -> dict | None:
+    """The LiRA game's references by role, when train-gan made them, refused unless the audit scores exactly
+    their pool (the game needs every pooled image's statistic under every reference)."""
+    if "lira" not in saved:
+        return None
+    lira = saved["lira"]
+    train, test = manifest.records(node, "train"), manifest.records(node, "test")
+    members, non_members = matched_groups(train, test, cfg.max_images, seed, node)
+    if [train[i]["id"] for i in members] + [test[i]["id"] for i in non_members] != lira["pool_ids"]:
+        raise UserError(f"node {node}'s LiRA references were trained on a pool of {lira['members']} members and as "
+                        f"many non-members, but this audit scores {len(members)} of each; pass --max-images "
+                        f"{lira['members']} (or re-run fedcli train-gan --lira-references with this partition)")
+    folder = gan_dir(cfg.exp, node)
+    return {role: [load_generator(folder, lira_generator(k, role), saved) for k in range(lira["references"])]
+            for role in lira["roles"]}
 
 
 def check_lpips(cfg: AuditConfig, saved: dict, node: str) -> None:
@@ -166,7 +185,8 @@ def attack(cfg: AuditConfig) -> dict[str, dict]:
         settings = InversionSettings(iterations=cfg.attack_iterations, restarts=cfg.attack_restarts)
         seed = manifest.stage_seed(cfg.seed)
         return run_attacks(cfg.exp, manifest, manifest.chosen(cfg.node), cfg.attack_images, settings, seed,
-                           Perceptual("alex", cfg.lpips_weights), cfg.overwrite)
+                           Perceptual("alex", cfg.lpips_weights), cfg.overwrite,
+                           classifier_references=cfg.classifier_references)
 
 
 def audit_nodes(cfg: AuditConfig, manifest: Manifest, nodes: list[str]) -> list[dict]:
@@ -225,16 +245,20 @@ def audit_node(cfg: AuditConfig, manifest: Manifest, node: str, inputs: NodeInpu
     buffer_images = to_float(inputs.buffer).to(device)
     buffer_distances = distances_to_buffer(networks[0], buffer_images, audited)
     projected = bool(inputs.generators)
+    lira_frame = None
     if projected:
         start, frame, reconstructions = project_node(cfg, inputs, audited, networks, seed, node, device)
+        lira_frame = project_lira(cfg, inputs, audited, networks, seed, node, device)
     else:
         frame, reconstructions = buffer_attack(buffer_images, audited, buffer_distances, networks[1])
-    summary = score_node(cfg, inputs, frame, audited, buffer_distances, networks, seed, node)
+    summary = score_node(cfg, inputs, frame, audited, buffer_distances, networks, seed, node, lira_frame)
     if cfg.controls:
         summary["controls"] = audit_controls(cfg, inputs, frame, audited, start, networks, seed, node, device)
         summary["controls"]["tiny-node"] = tiny_node_control(cfg, inputs, train, test, networks, seed, node, device)
     with staged_output(audit_dir(cfg.exp, node), cfg.overwrite) as out:
         write_csv(out / "distances.csv", frame)
+        if lira_frame is not None:
+            write_csv(out / "lira_distances.csv", lira_frame)
         write_json(out / "summary.json", summary)
         if "privacy_effect" in summary:
             figures.histogram(out / "histogram.png", frame, node, networks[0].name, summary["privacy_effect"])
@@ -290,12 +314,48 @@ def project_node(cfg: AuditConfig, inputs: NodeInputs, audited: Audited, network
     return start, frame, reconstructions
 
 
+def project_lira(cfg: AuditConfig, inputs: NodeInputs, audited: Audited, networks: tuple[Perceptual, Perceptual],
+                 seed: int, node: str, device: str) -> pd.DataFrame | None:
+    """Every audited image (the references' pool) projected into every LiRA reference of each role, each from its
+    own start, as the audited generators are: rows as distances.csv's, `generator` "<role>", `reference` k."""
+    if inputs.lira is None:
+        return None
+    frames = []
+    for role, references in inputs.lira.items():
+        for k, reference in enumerate(references):
+            reference = fast_layout(reference, device)
+            found, _ = project_generators(cfg, {role: reference}, audited,
+                                          projection_start(reference, audited, seed, node), networks, seed, node)
+            frames.append(found.assign(reference=k))
+    return pd.concat(frames, ignore_index=True)
+
+
+def lira_games(frame: pd.DataFrame, lira_frame: pd.DataFrame, record: dict, delta: float, seed: int,
+               node: str) -> dict[str, dict]:
+    """The LiRA game of each audited role (its generator the target, the role's references the rest), in each of
+    lira.DISTANCES; `record`: train-gan's `lira` (the references' IN flags over the pool, the audited images)."""
+    inside = np.array(record["inside"], bool)
+    games = {}
+    for role, found in lira_frame.groupby("generator", sort=False):
+        target = frame[frame.generator == role]
+        references = {d: np.vstack([found[found.reference == k][d].to_numpy() for k in range(len(inside))])
+                      for d in lira.DISTANCES}
+        games[role] = lira.distance_games({d: target[d].to_numpy() for d in lira.DISTANCES}, references, inside,
+                                          target.member.to_numpy(), delta, numpy_stream(seed, node, "audit-lira", role))
+    return games
+
+
 def score_node(cfg: AuditConfig, inputs: NodeInputs, frame: pd.DataFrame, audited: Audited,
                buffer_distances: dict[str, np.ndarray], networks: tuple[Perceptual, Perceptual], seed: int,
-               node: str) -> dict:
-    """summary.json less the controls: the attacks' scores, the buffer's, the verdict, what was measured how."""
+               node: str, lira_frame: pd.DataFrame | None = None) -> dict:
+    """summary.json less the controls: the attacks' scores, the buffer's, the LiRA game's where train-gan made its
+    references, the verdict, what was measured how."""
     perceptual, independent = networks
-    summary = summarize(frame, audited, buffer_distances, cfg, seed, node)
+    games = None
+    if lira_frame is not None:
+        delta = inputs.saved.get("dp", {}).get("delta") or default_delta(inputs.saved["train_images"])
+        games = lira_games(frame, lira_frame, inputs.saved["lira"], delta, seed, node)
+    summary = summarize(frame, audited, buffer_distances, cfg, seed, node, games)
     summary |= {"node": node, "members": audited.members, "non_members": len(audited.ids) - audited.members,
                 "lpips_network": perceptual.name, "lpips_calibrated": perceptual.calibrated,
                 "lpips_weights_sha256": perceptual.weights_sha256, "independent_network": independent.name,
@@ -306,7 +366,7 @@ def score_node(cfg: AuditConfig, inputs: NodeInputs, frame: pd.DataFrame, audite
     if "dp" in inputs.saved:  # train-gan --dp-epsilon: the formal guarantee, and the attack's sanity bound
         dp = inputs.saved["dp"]
         summary["dp"] = dp | {"audit_bound": effects.dp_bound(summary["generators"]["privacy"]["mia"], dp["epsilon"],
-                                                                dp["delta"]),
+                                                                dp["delta"], summary["non_members"]),
                               "scope": "the generator and its buffer; FedER's travelling classifiers are not DP"}
         summary["note"] = (f"({dp['epsilon']:.3g}, {dp['delta']:.2g})-DP per training image for the generator and "
                            f"buffer by {dp.get('privatised', 'a DP-SGD discriminator')}; the attack scores are "
@@ -321,6 +381,9 @@ def audited_hashes(cfg: AuditConfig, manifest: Manifest, node: str, inputs: Node
     if inputs.generators:
         audited_files = (AUDITED | (AUDITED_CONTROLS if cfg.controls else {})
                          | ({"reference": GENERATOR_REFERENCE} if inputs.reference is not None else {}))
+    if inputs.lira is not None:
+        audited_files |= {f"lira-{k}-{role}": lira_generator(k, role) for role in inputs.lira
+                          for k in range(len(inputs.lira[role]))}
     return {"manifest": manifest.content_hash} | {name: file_sha256(folder / f) for name, f in audited_files.items()}
 
 
@@ -389,12 +452,16 @@ def same_weights(first: torch.nn.Module, second: torch.nn.Module) -> bool:
 
 def distances_to_buffer(perceptual: Perceptual, buffer_images: torch.Tensor, audited: Audited) -> dict[str, np.ndarray]:
     """From one LPIPS matrix, buffer to audited images (members first): each synthetic image's nearest
-    audited image and its distance, each audited image's distance to the buffer, and each synthetic
-    image's distance to the nearest member; with the real-to-real distances the buffer scores use."""
+    audited image and its distance, each audited image's distance to the buffer (and in pixels, to its nearest
+    buffer image in pixels: an attack outside the defence's metric), and each synthetic image's distance to the
+    nearest member; with the real-to-real distances the buffer scores use."""
     synthetic = scores.distance_matrix(perceptual, buffer_images, audited.images)
     buffer_to_real, nearest_real = scores.nearest(synthetic)
     to_buffer = synthetic.min(dim=0)
+    pixels = audited.images[0].numel()
+    in_pixels = torch.cdist(audited.images.flatten(1), buffer_images.flatten(1)) / pixels ** 0.5  # pixel_l2's RMS
     distances = {"real_to_buffer": to_buffer.values, "nearest_buffer": to_buffer.indices,
+                 "real_to_buffer_l2": in_pixels.min(dim=1).values,
                  "buffer_to_real": buffer_to_real,
                  "nearest_real": nearest_real, "buffer_to_members": synthetic[:, :audited.members].min(dim=1).values,
                  "non_members_to_members": audited.non_members_to_members}
@@ -457,10 +524,10 @@ def tiny_node_control(cfg: AuditConfig, inputs: NodeInputs, train: NodeDataset, 
 
 
 def summarize(frame: pd.DataFrame, audited: Audited, distances: dict[str, np.ndarray], cfg: AuditConfig,
-              seed: int, node: str) -> dict:
-    """Per generator in `frame`: projection distances, membership inference and reconstruction shares;
-    the paired privacy effect when it holds both the privacy generator and its control; the buffer's
-    records; and the verdict."""
+              seed: int, node: str, games: dict[str, dict] | None = None) -> dict:
+    """Per generator in `frame`: projection distances, membership inference (with the LiRA game of `games`, by
+    role, where it ran: the training LPIPS's as `mia_lira`) and reconstruction shares; the paired privacy effect
+    when it holds both the privacy generator and its control; the buffer's records; and the verdict."""
     is_member = audited.is_member
     nearest_other = audited.nearest_other.cpu().numpy()
     out: dict = {"generators": {}}
@@ -474,8 +541,14 @@ def summarize(frame: pd.DataFrame, audited: Audited, distances: dict[str, np.nda
                                       numpy_stream(seed, node, "audit-bootstrap", name, "lpips")),
             "mia_l2": effects.membership(group.l2.to_numpy(), is_member,
                                          numpy_stream(seed, node, "audit-bootstrap", name, "l2")),
+            "mia_independent": effects.membership(group.lpips_independent.to_numpy(), is_member,
+                                                  numpy_stream(seed, node, "audit-bootstrap", name, "independent")),
             "reconstruction_share": effects.reconstruction_share(group.lpips.to_numpy(), nearest_other, is_member),
         }
+    for role, game in (games or {}).items():
+        out["generators"][role]["mia_lira"] = game["lpips"]["target"]
+    if games:
+        out["lira"] = games
     if "reference" in out["generators"]:  # GAN-Leaks-cal: distance under the target minus under the reference
         reference = frame[frame.generator == "reference"].lpips.to_numpy()
         for name in [name for name in out["generators"] if name != "reference"]:
@@ -492,6 +565,8 @@ def summarize(frame: pd.DataFrame, audited: Audited, distances: dict[str, np.nda
         "synthetic_nearest_real_lpips_mean": float(distances["buffer_to_real"].mean()),
         # every kind's one common attack: an audited image's distance to its nearest buffer image as the score
         "mia": effects.membership(real_to_buffer, is_member, numpy_stream(seed, node, "audit-buffer", "membership")),
+        "mia_l2": effects.membership(distances["real_to_buffer_l2"], is_member,
+                                     numpy_stream(seed, node, "audit-buffer", "membership", "l2")),
         **effects.buffer_records(distances["nearest_real"], is_member, distances["buffer_to_members"],
                                  distances["non_members_to_members"], numpy_stream(seed, node, "audit-buffer")),
     }
@@ -512,40 +587,54 @@ def paired_effects(frame: pd.DataFrame, is_member: np.ndarray, seed: int, node: 
 
 
 def verdict(summary: dict, cfg: AuditConfig) -> dict:
-    """fail on evidence of a leak, pass on evidence against one, inconclusive otherwise. A leak: the
-    privacy-preserving generator's membership AUROC above --max-auroc and above chance (p < 0.01); its
-    members rebuilt more often than non-members (p < 0.01); the buffer's closest records members more
-    often than chance (p < 0.01) and in a share above --max-auroc; members' median distance to the buffer
-    under --min-distance. A pass needs the AUROC's and the buffer share's 95% upper bounds at most
-    --max-auroc; the privacy effect is reported beside it, not folded in."""
-    privacy = summary["generators"]["privacy"]
-    attacks = {"membership": privacy["mia"]} | (
-        {"calibrated membership": privacy["mia_calibrated"]} if "mia_calibrated" in privacy else {})
-    rebuilt = privacy["reconstruction_share"]
+    """fail on evidence of a leak, pass on evidence against one, inconclusive otherwise; every test two-sided (a
+    reversed signal, members further than non-members, fails and is named reversed). A leak: any membership attack
+    on the released generator or buffer (effects.membership_attacks) with strength (the better direction's AUROC)
+    above --max-auroc and two-sided p below ALPHA over the number of attacks (Bonferroni: the verdict reads the strongest
+    of several); members rebuilt more or less often than non-members (p < ALPHA); the buffer's closest records
+    members, or non-members, in a share beyond --max-auroc (p < ALPHA); members' median distance to the buffer
+    under --min-distance. A pass needs every attack's AUROC interval and the buffer share's within
+    [1 - --max-auroc, --max-auroc]; the privacy effect is reported beside it, not folded in."""
+    attacks = effects.membership_attacks(summary)
+    rebuilt = summary["generators"]["privacy"]["reconstruction_share"]
     buffer = summary["buffer"]
-    threshold = cfg.max_auroc
-    reasons, doubts = [], []
+    threshold, alpha = cfg.max_auroc, effects.ALPHA / len(attacks)
+    reasons, doubts, reversed_ = [], [], []
     for attack, mia in attacks.items():
-        if mia["auroc"] > threshold and mia["p_value"] < effects.ALPHA:
-            reasons.append(f"{attack} AUROC {mia['auroc']:.3f} > {threshold} (p = {mia['p_value']:.2g})")
+        if mia["strength"] > threshold and mia["p_value"] < alpha:
+            flipped = mia["direction"] == effects.REVERSED
+            reversed_ += [attack] if flipped else []
+            reasons.append(f"{'reversed ' if flipped else ''}{attack} AUROC {mia['auroc']:.3f}"
+                           + (f" (members further than non-members: the flipped attack scores {mia['strength']:.3f})"
+                              if flipped else "") + f", beyond {threshold} (p = {mia['p_value']:.2g} < {alpha:.2g})")
     if rebuilt["leak"]:
-        reasons.append(f"members rebuilt closer than their nearest other image {rebuilt['members']:.3f} vs "
-                       f"non-members {rebuilt['non_members']:.3f} (p = {rebuilt['p_value']:.2g})")
-    if buffer["dcr_share"] > threshold and buffer["dcr_p_value"] < effects.ALPHA:
-        reasons.append(f"buffer's closest records are members in {buffer['dcr_share']:.3f} > {threshold} "
-                       f"(p = {buffer['dcr_p_value']:.2g})")
+        flipped = rebuilt["direction"] == effects.REVERSED
+        reversed_ += ["reconstruction"] if flipped else []
+        reasons.append(f"{'reversed: ' if flipped else ''}members rebuilt closer than their nearest other image "
+                       f"{rebuilt['members']:.3f} vs non-members {rebuilt['non_members']:.3f} "
+                       f"(p = {rebuilt['p_value']:.2g})")
+    share = buffer["dcr_share"]
+    if max(share, 1 - share) > threshold and buffer["dcr_p_value"] < effects.ALPHA:
+        flipped = share < 0.5
+        reversed_ += ["buffer closest records"] if flipped else []
+        reasons.append(f"{'reversed: ' if flipped else ''}buffer's closest records are members in {share:.3f}, "
+                       f"beyond {threshold} (p = {buffer['dcr_p_value']:.2g})")
     if buffer["member_nearest_lpips_median"] < cfg.min_distance:
         reasons.append(f"members' median distance to the buffer {buffer['member_nearest_lpips_median']:.4f} < "
                        f"{cfg.min_distance}")
     for attack, mia in attacks.items():
-        if mia["auroc_ci_high"] > threshold:
-            doubts.append(f"{attack} AUROC's 95% upper bound {mia['auroc_ci_high']:.3f} > {threshold}: too few "
-                          "images to rule out a leak")
-    if buffer["dcr_ci_high"] > threshold:
-        doubts.append(f"buffer member share's 95% upper bound {buffer['dcr_ci_high']:.3f} > {threshold}: too few "
-                      "images to rule out a leak")
+        if not effects.resolves(mia, threshold):
+            doubts.append(f"{attack} AUROC's 95% interval [{mia['auroc_ci_low']:.3f}, {mia['auroc_ci_high']:.3f}] "
+                          f"reaches beyond [{1 - threshold:.2g}, {threshold}]: too few images to rule out a leak in "
+                          "either direction")
+    if not 1 - threshold <= buffer["dcr_ci_low"] <= buffer["dcr_ci_high"] <= threshold:
+        doubts.append(f"buffer member share's 95% interval [{buffer['dcr_ci_low']:.3f}, {buffer['dcr_ci_high']:.3f}] "
+                      f"reaches beyond [{1 - threshold:.2g}, {threshold}]: too few images to rule out a leak")
     result = "fail" if reasons else "inconclusive" if doubts else "pass"
-    return {"result": result, "reasons": reasons or doubts,
+    return {"result": result, "reasons": reasons or doubts, "reversed": reversed_,
+            "attacks": {name: {"auroc": m["auroc"], "strength": m["strength"], "direction": m["direction"],
+                               "ci_low": m["auroc_ci_low"], "ci_high": m["auroc_ci_high"], "p_value": m["p_value"]}
+                        for name, m in attacks.items()},
             "privacy_effect": summary["privacy_effect"]["verdict"] if "privacy_effect" in summary else None,
             "thresholds": {"max_auroc": threshold, "min_distance": cfg.min_distance, "alpha": effects.ALPHA,
-                           "effect_ratio": effects.EFFECT}}
+                           "alpha_per_attack": alpha, "effect_ratio": effects.EFFECT}}

@@ -25,7 +25,7 @@ from fedcli.layout import PHASE1_STATE, gan_dir
 
 FORMAT = 1
 AFTER_PHASE1 = frozenset({"alpha", "privacy_loss", "privacy_scale", "pp_iterations", "fid_factor", "buffer_size",
-                          "truncation", "controls", "tiny_node", "reference"})
+                          "truncation", "controls", "tiny_node", "reference", "lira_references"})
 # where and how it runs (the device and threads enter the key as used)
 NOT_READ = GAN_ENGINE_OPTIONS | {"exp", "node", "overwrite", "threads", "sample_only", "device"}
 NETWORKS = ("G", "D", "G_ema")

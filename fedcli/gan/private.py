@@ -10,7 +10,8 @@ buffer are private by post-processing. Each D step:
   whose double backward runs per sample under torch.func.vmap);
 - hands them to Opacus's DPOptimizer, which clips each to L2 norm C over all D parameters (the
   conditioning embedding included), sums them, adds Gaussian noise of std sigma x C and divides by
-  the expected batch q x N;
+  the expected batch q x N; the noise comes from a generator keyed by the run's seed (`keyed`, reproducible:
+  private only while the seed stays secret) or from a CSPRNG seeded by the OS (`secure`, gan/secure_noise.py);
 - adds the synthetic half of the loss without clipping or noise: it reads no real image.
 
 The noise multiplier sigma is solved from the target epsilon for the planned steps (Opacus's RDP
@@ -34,6 +35,7 @@ from fedcli.errors import UserError
 from fedcli.gan import losses
 
 ACCOUNTANT = "rdp (opacus)"
+NOISE = {"keyed": "keyed", "secure": "secure (ChaCha20, OS entropy)"}  # --dp-noise: config.json's dp.noise
 # Opacus's default RDP orders run to 63; a few steps at a low noise need higher ones for a tight bound
 ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 256))
 
@@ -49,6 +51,7 @@ class DpPlan:
     steps: int
     noise_multiplier: float
     images: int
+    noise: str = "keyed"  # a key of NOISE
 
     @property
     def expected_batch(self) -> float:
@@ -60,7 +63,7 @@ class DpPlan:
                 "target_epsilon": self.target_epsilon, "delta": self.delta,
                 "noise_multiplier": self.noise_multiplier, "max_grad_norm": self.max_grad_norm,
                 "sample_rate": self.sample_rate, "steps": self.steps, "accountant": ACCOUNTANT,
-                "unit": "one training image", "sampling": "poisson"}
+                "unit": "one training image", "sampling": "poisson", "noise": NOISE[self.noise]}
 
 
 def default_delta(images: int) -> float:
@@ -69,12 +72,15 @@ def default_delta(images: int) -> float:
 
 
 def plan(epsilon: float, delta: float | None, max_grad_norm: float, batch: int, images: int, steps: int,
-         node: str, what: str = "discriminator steps", fewer: str = "--iterations") -> DpPlan:
+         node: str, what: str = "discriminator steps", fewer: str = "--iterations", noise: str = "keyed") -> DpPlan:
     """The noise multiplier that spends `epsilon` over `steps` DP-SGD steps (`what` they are, and the options
     that lower them, `fewer`, for a refusal) at sample rate batch / N, refusing a delta of 1 / N or more and an
-    epsilon that only noise louder than the gradients could meet."""
+    epsilon that only noise louder than the gradients could meet; `noise`: where the noise comes from (NOISE)."""
     if importlib.util.find_spec("opacus") is None:
         raise UserError("--dp-epsilon needs Opacus, which is not installed: pip install 'fedcli[dp]'")
+    if noise == "secure" and importlib.util.find_spec("cryptography") is None:
+        raise UserError("--dp-noise secure needs the cryptography package, which is not installed: "
+                        "pip install 'fedcli[dp]'")
     delta = default_delta(images) if delta is None else delta
     if delta >= 1 / images:
         raise UserError(f"--dp-delta {delta:g} is at least 1 / N = 1 / {images} for node {node}: such a delta allows "
@@ -87,7 +93,7 @@ def plan(epsilon: float, delta: float | None, max_grad_norm: float, batch: int, 
         raise UserError(f"--dp-epsilon {epsilon:g} is too small for {steps} {what} on node {node}'s "
                         f"{images} images: it needs noise multiplier {sigma:.3g}, more than the expected batch "
                         f"({sample_rate * images:.3g}); raise --dp-epsilon or lower {fewer}")
-    return DpPlan(epsilon, delta, max_grad_norm, sample_rate, steps, sigma, images)
+    return DpPlan(epsilon, delta, max_grad_norm, sample_rate, steps, sigma, images, noise)
 
 
 def solve_noise(epsilon: float, delta: float, sample_rate: float, steps: int, what: str = "discriminator steps",
@@ -142,14 +148,20 @@ def check_per_sample(discriminator: nn.Module, arch, generator: torch.Generator)
 
 class DpSgd:
     """An optimiser under DP-SGD: Adam wrapped by Opacus's DPOptimizer, fed per-example gradients of a loss of
-    one example computed by torch.func (no hooks: any module, masked or functional layers included)."""
+    one example computed by torch.func (no hooks: any module, masked or functional layers included). Its noise
+    comes from `noise` (keyed), or under the plan's secure noise from gan/secure_noise.py, `noise` unused."""
 
     def __init__(self, module: nn.Module, adam: torch.optim.Optimizer, dp: DpPlan, noise: torch.Generator):
-        from opacus.optimizers import DPOptimizer
+        secure = dp.noise == "secure"
+        if secure:
+            from fedcli.gan.secure_noise import SecureDPOptimizer as optimizer
+        else:
+            from opacus.optimizers import DPOptimizer as optimizer
 
         self.module, self.dp = module, dp
-        self.optimizer = DPOptimizer(adam, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
-                                     expected_batch_size=dp.expected_batch, loss_reduction="mean", generator=noise)
+        self.optimizer = optimizer(adam, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
+                                   expected_batch_size=dp.expected_batch, loss_reduction="mean",
+                                   generator=None if secure else noise)
 
     def per_example_grads(self, loss, *batch: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every example's gradient of `loss(params, *one_example)`, by parameter name."""

@@ -27,6 +27,7 @@ from fedcli.errors import UserError
 from fedcli.gan import fid, fidelity, private
 from fedcli.gan.networks import Architecture, Generator
 from fedcli.gan.perceptual import Perceptual
+from fedcli.gan.lira_references import train_references
 from fedcli.gan.phase1_state import Phase1Source, state_file
 from fedcli.gan.progress import TrainingProgress
 from fedcli.gan.train import (GanTrainer, PhaseResult, TrainSettings, long_run, private_run, run_phases,
@@ -46,7 +47,8 @@ class StyleGan2:
         "iterations", "patience", "pp_iterations", "fid_every", "fid_images", "fid_factor", "alpha", "privacy_loss",
         "privacy_scale", "batch", "lr", "r1_gamma", "ada_target", "ada_kimg", "ema_kimg", "style_mixing", "z_dim",
         "w_dim", "channel_base", "channel_max", "lpips_net", "lpips_weights", "fid_weights", "controls", "tiny_node",
-        "reference", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "select", "phase1_from"})
+        "reference", "lira_references", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "dp_noise", "select",
+        "phase1_from"})
 
     def titles(self, cfg: GanConfig) -> dict[str, str]:
         if cfg.private:
@@ -123,7 +125,7 @@ def dp_plan(cfg: GanConfig, manifest: Manifest, node: str) -> private.DpPlan | N
     if not cfg.private:
         return None
     return private.plan(cfg.dp_epsilon, cfg.dp_delta, cfg.dp_max_grad_norm, cfg.batch,
-                        len(manifest.records(node, "train")), cfg.iterations, node)
+                        len(manifest.records(node, "train")), cfg.iterations, node, noise=cfg.dp_noise)
 
 
 def side_trainer(main: GanTrainer, data: NodeDataset, index: list[int], seed: int, node: str,
@@ -198,6 +200,11 @@ class NodeTraining:
             if cfg.controls:
                 tiny = long_run(side_trainer(trainer, data, tiny_index, seed, node, "tiny"), cfg.iterations, "tiny",
                                 log)
+            if cfg.lira_references:
+                lira_files, lira = train_references(trainer, self.manifest, node, data, cfg.lira_references, seed,
+                                                    dp is not None,
+                                                    lambda images, labels: self.judge(node, TensorSource(images,
+                                                                                                         labels)))
             if cfg.reference:
                 kept = sorted(set(range(len(data))) - set(held_out))
                 side = TensorSource(data.images[kept], data.labels[kept])
@@ -219,6 +226,8 @@ class NodeTraining:
                       GENERATOR_TINY: (tiny, {"phase": "tiny", "node": node})}
         if reference is not None:
             files[GENERATOR_REFERENCE] = (reference.generator, {"phase": "reference", "node": node})
+        if cfg.lira_references:
+            files |= lira_files
         if start is not None:
             files[PHASE1_STATE] = state_file(cfg, self.manifest, node, seed, device, *start,
                                              [row for row in rows if row["phase"] == 1])
@@ -236,6 +245,8 @@ class NodeTraining:
                                    **reference.selection, "images": len(data) - len(held_out),
                                    "stream": "train-gan-reference",
                                    "held_out_ids": [data.records[i]["id"] for i in held_out]}
+        if cfg.lira_references:
+            record["lira"] = lira
         if dp:
             record["dp"] = dp.record()
         return Trained(generators, files, metrics_frame(rows, names), record)

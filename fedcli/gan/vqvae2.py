@@ -66,7 +66,8 @@ from fedcli.vqvae.networks import VqArchitecture, VqVae2, code_shape, decode_all
 from fedcli.vqvae.quantizer import perplexity
 
 CHAIN_OPTIONS = ("iterations", "batch", "vq_lr", "vq_beta", "vq_decay", "vq_codebook", "vq_dim", "vq_channels")
-DP_OPTIONS = ("dp_epsilon", "dp_delta", "dp_max_grad_norm", "prior_iterations")  # a DP chain's noise depends on them
+# a DP chain's noise depends on them (and its source: a keyed checkpoint must not resume a secure chain, or the reverse)
+DP_OPTIONS = ("dp_epsilon", "dp_delta", "dp_max_grad_norm", "dp_noise", "prior_iterations")
 PRIVATISED = "DP-SGD on the VQ-VAE-2, with gradient codebooks and no codes leaving the node, and on its priors"
 CHECKPOINT_FORMAT = 2  # per institution, its own rows and bytes (format 1 held one file with every node's)
 RECONSTRUCTIONS = "decoded"  # the role of the sampler of decoded codes, beside a prior's samples
@@ -134,9 +135,9 @@ def prior_architecture(cfg: GanConfig, arch: VqArchitecture) -> PriorArchitectur
 class VqVae2Kind:
     name = "vqvae2"
     projectable = False  # no latent to project: audit-privacy attacks its buffer alone
-    options = frozenset({"iterations", "batch", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "vq_lr", "vq_beta",
-                         "vq_decay", "vq_codebook", "vq_dim", "vq_channels", "prior_iterations", "prior_channels",
-                         "prior_layers"})
+    options = frozenset({"iterations", "batch", "dp_epsilon", "dp_delta", "dp_max_grad_norm", "dp_noise", "vq_lr",
+                         "vq_beta", "vq_decay", "vq_codebook", "vq_dim", "vq_channels", "prior_iterations",
+                         "prior_channels", "prior_layers"})
     serial = True
 
     def titles(self, cfg: GanConfig) -> dict[str, str]:
@@ -180,7 +181,7 @@ def dp_plans(cfg: GanConfig, manifest: Manifest, nodes: Sequence[str]) -> dict[s
     what = "DP-SGD steps (--iterations of the VQ-VAE-2 and --prior-iterations of its prior)"
     return {node: private.plan(cfg.dp_epsilon, cfg.dp_delta, cfg.dp_max_grad_norm, cfg.batch,
                                manifest.train_count(node), cfg.iterations + cfg.prior_iterations, node, what,
-                               fewer="--iterations or --prior-iterations") for node in nodes}
+                               fewer="--iterations or --prior-iterations", noise=cfg.dp_noise) for node in nodes}
 
 
 def batches(n: int, batch: int, steps: int, stream: torch.Generator):

@@ -59,8 +59,10 @@ class Variant:
 
     name: str
     values: tuple[tuple[str, str, Any], ...]  # (table, field name, value)
+    seeds: tuple[int, ...] | None = None  # the [sweep] seeds it runs on (an opt-in cost paid once); None: every one
 
 
+SEED_OPTION = ("partition", "seed")  # what [sweep] seeds and [regime] seed set
 VARIANTS = ("variants", "variant")  # the sweep key of the variants axis: `variant=<name>` in folder names
 
 
@@ -101,6 +103,9 @@ class Recipe:
         if fixed:
             raise UserError(f"{origin}: {fixed[0][0]}.{fixed[0][1].replace('_', '-')} is both in [regime] and swept; "
                             "the regime fixes it for every sub-experiment: keep it in one of the two")
+        if self.regime.get("seed") in self.reported_seeds():
+            raise UserError(f"{origin}: regime.seed {self.regime['seed']} is also a seed the sub-experiments report; "
+                            "choose the regime on a seed no sub-experiment runs (e.g. 100)")
         for point in [*self.points(), *self.regime_points()]:
             try:
                 configs = self.configs(point, Path("."))
@@ -127,8 +132,17 @@ class Recipe:
         return grid_points(self.sweep)
 
     def regime_points(self) -> list[Point]:
-        """The [regime] grid's settings in the order they are tried (the first key varies slowest)."""
-        return grid_points(self.regime["grid"]) if self.regime else []
+        """The [regime] grid's settings in the order they are tried (the first key varies slowest), on the regime's
+        own seed where it names one."""
+        if not self.regime:
+            return []
+        seed = () if self.regime.get("seed") is None else (SEED_OPTION + (self.regime["seed"],),)
+        return [dataclasses.replace(p, values=p.values + seed) for p in grid_points(self.regime["grid"])]
+
+    def reported_seeds(self) -> set[int]:
+        """The partition seeds the sub-experiments run on."""
+        found = {value for p in self.points() for t, n, value in p.values if (t, n) == SEED_OPTION}
+        return found or {self.stages["partition"].get("seed", 0)}
 
     def with_values(self, values: tuple[tuple[str, str, Any], ...]) -> Recipe:
         """This recipe with `values` set in its stage tables (the chosen regime, for every sub-experiment)."""
@@ -278,7 +292,7 @@ def parse_variants(items: Any, origin: str) -> list[Variant]:
         names.add(name.casefold())
         values = []
         for stage, options in item.items():
-            if stage == "name":
+            if stage in ("name", "seeds"):
                 continue
             if stage not in STAGE_CLASSES or stage == "report" or not isinstance(options, dict):
                 raise UserError(f"{origin}: variant {name}: {stage!r} is not a stage table (partition, train_gan, "
@@ -286,8 +300,24 @@ def parse_variants(items: Any, origin: str) -> list[Variant]:
             check_run_keys(stage, {k.replace("-", "_"): None for k in options}, origin)
             checked = stage_values(STAGE_CLASSES[stage], stage, options, f"{origin} variant {name}", NOT_IN_RECIPE)
             values += [(stage, key, value) for key, value in checked.items()]
-        variants.append(Variant(name, tuple(values)))
+        variants.append(Variant(name, tuple(values), variant_seeds(item.get("seeds"), f"{origin} variant {name}")))
     return variants
+
+
+def variant_seeds(seeds: Any, origin: str) -> tuple[int, ...] | None:
+    """A variant's `seeds`: the [sweep] seeds it runs on, a non-empty list of them."""
+    if seeds is None:
+        return None
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                           for v in seeds):
+        raise UserError(f"{origin}: seeds must be a non-empty list of the [sweep] seeds it runs on, got {seeds!r}")
+    return tuple(seeds)
+
+
+def runs_on(combo: tuple, keys: list[tuple[str, str]]) -> bool:
+    """Whether a grid combination keeps every variant in it to the seeds it names."""
+    seed = dict(zip(keys, combo)).get(SEED_OPTION)
+    return all(not isinstance(v, Variant) or v.seeds is None or seed in v.seeds for v in combo)
 
 
 def parse_select(table: dict[str, Any], origin: str) -> dict[str, Any]:
@@ -322,7 +352,7 @@ def grid_points(axes: dict[tuple[str, str], list[Any]]) -> list[Point]:
     keys = list(axes)
     short = [name for _, name in keys]
     points: dict[str, Point] = {}  # by case-folded name: folder names some file systems fold
-    for combo in itertools.product(*(axes[k] for k in keys)):
+    for combo in filter(lambda combo: runs_on(combo, keys), itertools.product(*(axes[k] for k in keys))):
         name = key_values((n if short.count(n) == 1 else f"{t}.{n}", v.name if isinstance(v, Variant) else v)
                           for (t, n), v in zip(keys, combo))
         point = Point(name, tuple(value for (t, n), v in zip(keys, combo)
@@ -333,13 +363,18 @@ def grid_points(axes: dict[tuple[str, str], list[Any]]) -> list[Point]:
 
 
 def parse_regime(table: dict[str, Any], origin: str) -> dict[str, Any]:
-    """`[regime]`: the rule's threshold and the grid of partition and train-gan settings, tried in order."""
+    """`[regime]`: the rule's threshold, the seed it is chosen on, and the grid of partition and train-gan settings,
+    tried in order."""
     if not table:
         return {}
     from fedcli.audit.regime import THRESHOLD, Rule
 
     table = dict(table)
     threshold = coerce(table.pop("threshold", THRESHOLD), float, f"{origin}: regime.threshold")
+    seed = table.pop("seed", None)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise UserError(f"{origin}: regime.seed must be a non-negative integer (the partition seed the regime is "
+                        f"chosen on), got {seed!r}")
     if not 0.5 <= threshold < 1:
         raise UserError(f"{origin}: regime.threshold must be at least 0.5 (chance) and below 1, got {threshold}")
     grid = parse_sweep(table, f"{origin} [regime]")
@@ -347,4 +382,4 @@ def parse_regime(table: dict[str, Any], origin: str) -> dict[str, Any]:
     if outside or not grid:
         raise UserError(f"{origin}: [regime] needs grid lists of partition and train_gan options (what the generator "
                         f"sees and how long it trains){', not ' + outside[0] if outside else ''}")
-    return {"rule": Rule(threshold), "grid": grid}
+    return {"rule": Rule(threshold), "grid": grid, "seed": seed}

@@ -42,7 +42,7 @@ from fedcli.gan.phase1_state import phase1_options
 from fedcli.layout import PHASE1_STATE, gan_dir
 from fedcli.locking import locked
 from fedcli.pipeline.ledger import Ledger, fingerprint
-from fedcli.pipeline.recipe import NOT_FINGERPRINTED, Point, Recipe
+from fedcli.pipeline.recipe import NOT_FINGERPRINTED, SEED_OPTION, Point, Recipe
 from fedcli.subexperiments import key_values
 
 REGIME_FILE = "regime.json"  # <exp>/regime/: the [regime] sweep's readings and choice
@@ -216,7 +216,8 @@ class Runner:
         if result["chosen"] is None:
             raise UserError(f"{result['said']}: the methods would be compared where nothing leaks; widen [regime] "
                             f"(fewer images per node, more iterations), see {self.exp / 'regime' / REGIME_FILE}")
-        self.recipe = self.recipe.with_values(next(p for p in points if p.name == result["chosen"]).values)
+        chosen = next(p for p in points if p.name == result["chosen"]).values
+        self.recipe = self.recipe.with_values(tuple(v for v in chosen if v[:2] != SEED_OPTION))  # not its seed
         return True
 
     def select(self, folder: Path, label: str, fed: FederateConfig, strategy: str, upstream: list[str],

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from fedcli.rng import numpy_stream
 
 
@@ -34,3 +36,14 @@ def matched_groups(train: list[dict], test: list[dict], max_images: int, seed: i
 def interleave(pools: list[list[int]]) -> list[int]:
     """One item of each pool in turn (the first of every pool, then the second, ...), until all are spent."""
     return [pool[depth] for depth in range(max(map(len, pools), default=0)) for pool in pools if depth < len(pool)]
+
+
+def complementary_halves(pool: int, references: int, rng: np.random.Generator) -> np.ndarray:
+    """(references, pool) IN flags: pairs of complementary halves, so every reference trains on exactly half the
+    pool and every image is IN for exactly half the references. `references` must be even."""
+    halves = []
+    for _ in range(references // 2):
+        half = np.zeros(pool, bool)
+        half[rng.permutation(pool)[:pool // 2]] = True
+        halves += [half, ~half]
+    return np.array(halves)

@@ -294,3 +294,15 @@ def variant_label(run: Run) -> str:
     """A run's column or line: its strategy, and for a replay strategy what it replayed (`cwt-replay [codes]`)."""
     source = source_of(run)
     return run.strategy if source is None else f"{run.strategy} [{source}]"
+
+
+def distinct_attacks(subs: list[SubExperiment]) -> list[tuple[SubExperiment, str, dict]]:
+    """(sub-experiment, strategy, attack summary), each measurement once: a summary that repeats another bitwise is
+    the same federation attacked again in another sub-experiment (fedcli is deterministic), not another sample."""
+    seen, found = set(), []
+    for sub in subs:
+        for strategy, summary in sub.attacks.items():
+            if (key := (strategy, json.dumps(summary, sort_keys=True))) not in seen:
+                seen.add(key)
+                found.append((sub, strategy, summary))
+    return found

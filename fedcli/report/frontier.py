@@ -6,18 +6,18 @@ and gradients scored by the reconstruction attacks (audit/shared_attacks.py); an
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 
+from fedcli.audit import effects
 from fedcli.plotting import pyplot
-from fedcli.report.collect import SEED_KEY, Stat, SubExperiment, load_json
+from fedcli.report.classifier_membership import classifier_rows, low_fpr_cell
+from fedcli.report.collect import SEED_KEY, Stat, SubExperiment, distinct_attacks, load_json
 from fedcli.report.figures import save
 from fedcli.report.study import Built, Missing, ReportTable, interval, nodes_of, performance_cells
 
-CHANCE = 0.5  # membership AUROC of an attack that learns nothing
 TITLE = "Privacy against utility: what each method's shared data reveals, and what it buys"
 
 
@@ -65,17 +65,49 @@ def regime_controls(subs: list[SubExperiment]) -> dict[tuple, float]:
 
 def below_control(reps: list[SubExperiment], controls: dict[tuple, float]) -> str:
     """Released minus control membership AUROC, paired by seed and node (an audit's own control, else the
-    regime's), with its 95% t-interval; '-' for a VQ-VAE-2, whose attack (the nearest buffer image) is not the
+    regime's), with its 95% t-interval and the pairs dropped for want of a control (a DP generator whose seed and
+    node have no agreed regime control); '-' for a VQ-VAE-2, whose attack (the nearest buffer image) is not the
     control's (latent projection)."""
-    differences = []
+    differences, dropped = [], 0
     for s in reps:
         for a in s.audits:
+            if a.get("attack") != "latent projection":
+                continue
             control = own_control(a)
             if control is None:
                 control = controls.get((s.point.get(SEED_KEY), a["node"]))
-            if a.get("attack") == "latent projection" and control is not None:
+            if control is None:
+                dropped += 1
+            else:
                 differences.append(a["generators"]["privacy"]["mia"]["auroc"] - control)
-    return interval(differences)
+    return interval(differences) + (f" ({dropped} pair{'s' * (dropped != 1)} dropped: no control)" if dropped else "")
+
+
+def strongest(audit: dict) -> tuple[float, str]:
+    """The strongest membership attack on what a node released (the better direction's AUROC) and its name, with
+    "reversed" where members sat further than non-members (read off the AUROC, so that summaries from before
+    two-sided readings are read alike)."""
+    def strength(mia: dict) -> float:
+        return max(mia["auroc"], 1 - mia["auroc"])
+
+    name, mia = max(effects.membership_attacks(audit).items(), key=lambda item: strength(item[1]))
+    return strength(mia), f"{name}{', reversed' if mia['auroc'] < 0.5 else ''}"
+
+
+def leaking(audit: dict) -> bool:
+    """Whether any membership attack's 95% interval on what a node released excludes 0.5, on either side."""
+    return any(effects.excludes_chance(mia) for mia in effects.membership_attacks(audit).values()
+               if "auroc_ci_low" in mia)
+
+
+def lira_cells(audits: list[dict]) -> dict[str, object]:
+    """The LiRA game's columns (training LPIPS statistic, the released generator the target): the target's AUROC,
+    TPR at the lowest FPR its trials resolve (with n), and the empirical epsilon lower bound; '-' without a game."""
+    games = [a["lira"]["privacy"]["lpips"] for a in audits if "lira" in a]
+    if not games:
+        return {"LiRA AUROC": "-", "LiRA TPR at low FPR": "-", "empirical epsilon": "-"}
+    return {"LiRA AUROC": Stat.of([g["target"]["auroc"] for g in games]), "LiRA TPR at low FPR": low_fpr_cell(games),
+            "empirical epsilon": Stat.of([g["empirical_epsilon"]["epsilon_lower_bound"] for g in games])}
 
 
 def by_setting(subs: list[SubExperiment]) -> dict[tuple[str, str, float, str], list[SubExperiment]]:
@@ -96,12 +128,14 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
     for (_, label, _, _), reps in by_setting(subs).items():
         audits = [a for s in reps for a in s.audits]
         controlled = all(own_control(a) is not None for a in audits)
-        effects = [a["privacy_effect"]["verdict"] for a in audits if "privacy_effect" in a]
-        # summaries from before the interval lack it
-        bounds = [a["generators"]["privacy"]["mia"].get("auroc_ci_low") for a in audits]
-        leaking = [low > CHANCE for low in bounds if low is not None]
+        verdicts = [a["privacy_effect"]["verdict"] for a in audits if "privacy_effect" in a]
+        leaks = [leaking(a) for a in audits]
+        found = [strongest(a) for a in audits]
+        names = sorted(set(name for _, name in found))
+        dp = [a["dp"]["epsilon"] for a in audits if "epsilon" in a.get("dp", {})]
         rows[label] = {
             "membership AUROC": Stat.of([a["generators"]["privacy"]["mia"]["auroc"] for a in audits]),
+            "strongest attack (AUROC, better direction)": f"{Stat.of([v for v, _ in found])} ({'; '.join(names)})",
             "calibrated AUROC": Stat.of([a["generators"]["privacy"]["mia_calibrated"]["auroc"] for a in audits
                                          if "mia_calibrated" in a["generators"]["privacy"]]),
             "buffer membership AUROC": Stat.of([a["buffer"]["mia"]["auroc"] for a in audits if "mia" in a["buffer"]]),
@@ -109,9 +143,10 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
             if controlled else "-",
             "paired effect": Stat.of([a["privacy_effect"]["median_ratio"] for a in audits if "privacy_effect" in a])
             if controlled else "-",
-            "effect significant": f"{effects.count('significant')}/{len(effects)}" if controlled else "-",
+            "effect significant": f"{verdicts.count('significant')}/{len(verdicts)}" if controlled else "-",
             "minus control, paired [95%]": below_control(reps, controls),
-            "still leaking": f"{sum(leaking)}/{len(leaking)}" if leaking else "-",
+            "still leaking": f"{sum(leaks)}/{len(leaks)}",
+            **lira_cells(audits), "DP epsilon": Stat.of(dp) if dp else "-",
             "members rebuilt": Stat.of([a["generators"]["privacy"]["reconstruction_share"]["members"] for a in audits]),
             "buffer closest records: members": Stat.of([a["buffer"]["dcr_share"] for a in audits]),
             "reconstructed by attack": "-", "by chance (decoys)": "-", "attack PSNR (dB)": "-",
@@ -119,18 +154,6 @@ def generator_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
             metric: performance_cells(reps, "feder", metric, nodes)["mean"],
         }
     return rows
-
-
-def distinct_attacks(subs: list[SubExperiment]) -> list[tuple[SubExperiment, str, dict]]:
-    """(sub-experiment, strategy, attack summary), each measurement once: a summary that repeats another bitwise is
-    the same federation attacked again in another sub-experiment (fedcli is deterministic), not another sample."""
-    seen, found = set(), []
-    for sub in subs:
-        for strategy, summary in sub.attacks.items():
-            if (key := (strategy, json.dumps(summary, sort_keys=True))) not in seen:
-                seen.add(key)
-                found.append((sub, strategy, summary))
-    return found
 
 
 def attack_rows(subs: list[SubExperiment], metric: str) -> dict[str, dict]:
@@ -160,7 +183,7 @@ def frontier_table(subs: list[SubExperiment], metric: str) -> Built:
     if len(generators) + len(attacks) < 2:
         return Missing(TITLE, "several generator privacy settings, or audit-privacy --shared on federations that "
                        "share latents, activations or models (recipes/privacy-frontier.toml)")
-    frame = pd.DataFrame({**generators, **attacks}).T.fillna("-")
+    frame = pd.DataFrame({**generators, **attacks, **classifier_rows(subs, metric)}).T.fillna("-")
     return ReportTable("privacy_frontier", TITLE, frame,
                        "mean ± std over nodes and seeds. Membership (generators): the GAN-Leaks attack's AUROC on the "
                        "released generator (calibrated by a reference GAN without the members where train-gan "
@@ -171,12 +194,24 @@ def frontier_table(subs: list[SubExperiment], metric: str) -> Built:
                        "pushed away) and on how many nodes it is significant (and above the non-members'); the "
                        "released minus the control's membership AUROC, paired by seed and node (a DP generator "
                        "against the alpha-0 control of its seed and node), with the 95% t-interval over the pairs; "
-                       "on how many nodes the released membership AUROC's 95% lower bound is still above 0.5. "
+                       "the strongest of every membership attack on the released generator and buffer (projection "
+                       "distance in the training LPIPS, in pixels and in an audit-only LPIPS network, calibrated, LiRA; "
+                       "the buffer's nearest image in LPIPS and pixels) as the AUROC of the better direction, named, "
+                       "'reversed' where members sat further than non-members; on how many nodes any of them has a "
+                       "95% interval excluding 0.5, on either side (still leaking); where train-gan "
+                       "--lira-references ran, the LiRA game (training LPIPS statistic): the released generator's "
+                       "AUROC, TPR at the lowest FPR its trials resolve (n OUT trials, every model in turn the target) "
+                       "and the empirical epsilon lower bound (95% Clopper-Pearson, threshold chosen on half the "
+                       "images) beside the accountant's DP epsilon. "
                        "Reconstruction: members rebuilt by projection closer than their nearest other real image; "
                        "the buffer's closest records that are members (0.5 = chance); for shared latents, activations "
                        "and gradients, the white-box attack's images closer (SSIM) to their own original than to any "
                        "other real image, the share as many real images of other patients reach so when matched to "
-                       f"the batch as the reconstructions are (chance), and their PSNR. {metric}: FedER's with that "
+                       "the batch as the reconstructions are (chance), and their PSNR. Membership of the shared "
+                       "classifiers (audit-privacy --shared): the loss-threshold attack's AUROC on each node's "
+                       "members and non-members under the strategy's last-round models, and with "
+                       "--classifier-references the LiRA game against per-node reference classifiers trained "
+                       f"locally (a lower bound on what better references would find). {metric}: FedER's with that "
                        "generator's buffer, or the sharing strategy's own, on each node's test set at the final round",
                        rows_are="method")
 

@@ -526,7 +526,7 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
         if private:  # train-gan --dp-epsilon: the guarantee, and whether the attack stayed within it
             rows[node]["DP epsilon"] = Stat.of([d["epsilon"] for d in private])
             rows[node]["TPR within e^eps FPR + delta"] = ", ".join(
-                dict.fromkeys("yes" if d["audit_bound"]["holds"] else "NO" for d in private))
+                dict.fromkeys(bound_reading(d["audit_bound"]) for d in private))
     network = audits[0].get("lpips_network", "lpips")
     reasons = "; ".join(f"{a['node']}: {a['verdict']['result']} ({', '.join(a['verdict']['reasons'])})"
                         for a in audits if a["verdict"].get("reasons"))
@@ -549,6 +549,15 @@ def privacy_table(subs: list[SubExperiment]) -> Built:
                           "stays within e^epsilon x FPR + delta at every resolvable FPR."
                           if any("dp" in a for a in audits) else ".")
                        + (f" Verdict reasons: {reasons}." if reasons else ""), rows_are="node")
+
+
+def bound_reading(bound: dict) -> str:
+    """Whether an attack stayed within the DP bound, and where the bound could not have been broken (1 at every FPR
+    the non-members resolve), that it says nothing; summaries before that reading say yes or NO alone."""
+    said = "yes" if bound["holds"] else "NO"
+    if bound.get("informative", True):
+        return said
+    return f"{said} (uninformative: bound 1 at every FPR {bound['non_members']} non-members resolve)"
 
 
 def lowest_fpr_tpr(rate: dict | None) -> str:
@@ -793,7 +802,7 @@ def dp_table(subs: list[SubExperiment], metric: str) -> Built:
                 "TPR at lowest FPR": ", ".join(lowest_fpr_tpr(p["mia"].get("tpr_at_min_fpr")) for p in privacy),
                 "rebuilt members": Stat.of([p["reconstruction_share"]["members"] for p in privacy]),
                 "TPR within the DP bound": ", ".join(dict.fromkeys(
-                    ("yes" if a["dp"]["audit_bound"]["holds"] else "NO") for a in audits if "dp" in a)) or "-",
+                    bound_reading(a["dp"]["audit_bound"]) for a in audits if "dp" in a)) or "-",
             }
     return ReportTable("dp_utility", title, pd.DataFrame(rows).T,
                        "epsilon spent: the RDP accountant's (Opacus) for the discriminator's Poisson-sampled DP-SGD "
