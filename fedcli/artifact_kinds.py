@@ -221,6 +221,10 @@ def load_module(module, path: Path, what: str, fix: str, expect: dict[str, str] 
     """`module` with the state at `path` (see `load_recorded`); a state that does not fit it is refused,
     saying `unfit` (what the module is) when given."""
     state, _ = load_recorded(path, what, fix, expect)
+    own = module.state_dict()
+    cast = next((name for name, t in state.items() if name in own and t.dtype != own[name].dtype), None)
+    if cast is not None:  # load_state_dict would cast it silently; fedcli writes every tensor as its module holds it
+        raise UserError(f"{what} at {path} holds tensor {cast!r} as {state[cast].dtype}, not {own[cast].dtype}; {fix}")
     try:
         module.load_state_dict(state)
     except RuntimeError as exc:  # torch's first line only names the module; the next names the tensors

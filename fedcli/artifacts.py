@@ -62,13 +62,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     fd, tmp = in_folder(path.parent, lambda: tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with named(path), os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.chmod(tmp, 0o666 & ~UMASK)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def named(path: Path) -> Iterator[None]:
+    """An OSError raised inside names `path` when it names no file: a write to a full disk raises one without
+    a name, and the one line a user reads must say where (errors.environment_message)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
         raise
 
 
@@ -90,6 +102,8 @@ def read_json(path: Path, what: str, fix: str = "recreate it") -> Any:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{what} at {path} is not valid JSON ({exc}); {fix}") from exc
+    except RecursionError as exc:
+        raise UserError(f"{what} at {path} nests deeper than Python can read; {fix}") from exc
 
 
 def write_csv(path: Path, frame) -> None:
@@ -139,8 +153,10 @@ def parse_tensors(data: bytes) -> tuple[dict, dict]:
         tensors = load(data)
         header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
         metadata = json.loads((header.get("__metadata__") or {}).get(METADATA_KEY, "{}"))
-    except (SafetensorError, OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+    except (SafetensorError, OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError) as exc:
         raise ValueError(str(exc)) from exc
+    if not isinstance(metadata, dict):  # every reader looks keys up in it
+        raise ValueError(f"its {METADATA_KEY} metadata is {type(metadata).__name__} JSON, not an object")
     return tensors, metadata
 
 

@@ -48,10 +48,21 @@ class OneLineErrors(TyperGroup):
         except Exception as exc:  # the CLI parser's own usage errors
             if not hasattr(exc, "format_message") or not hasattr(exc, "exit_code"):
                 raise
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command asks for its help, printed already
+                sys.exit(0)
             command = getattr(getattr(exc, "ctx", None), "command_path", "fedcli")
-            console.error(f"{exc.format_message()} (see '{command} --help')")
+            console.error(f"{usage_message(exc.format_message())} (see '{command} --help')")
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def usage_message(message: str) -> str:
+    """The parser's message; values left over after an option are most often a list written after one option,
+    which each value needs repeated before it."""
+    if message.startswith("Got unexpected extra argument"):
+        return (f"{message}: an option takes one value, so repeat a repeatable option before each of its values "
+                "(e.g. --communities 5 --communities 3)")
+    return message
 
 
 app = typer.Typer(
@@ -128,7 +139,8 @@ def partition(
                                               "labelled node's training images, per class, set apart as its "
                                               "labelled validation part."),
     communities: list[int] = typer.Option([], help="site-shift: repeatable group sizes of consecutive nodes that "
-                                          "share a simulated scanner, e.g. 5 3 1 1 (FedPerl's communities) "
+                                          "share a simulated scanner, one option per group, e.g. --communities 5 "
+                                          "--communities 3 --communities 1 --communities 1 (FedPerl's communities) "
                                           "\\[default: every node its own].", show_default=False),
     scanners: list[str] = typer.Option([], help="site-shift: repeatable names of the simulated scanners, in the "
                                        "order nodes (or communities) take them: gamma0.5, blur, invert, noise, "

@@ -211,6 +211,9 @@ def read_recipe(path: Path) -> dict[str, Any]:
         recipe = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"recipe {path} is not valid TOML ({exc})") from exc
+    except RecursionError as exc:
+        raise UserError(f"recipe {path} nests arrays or tables deeper than Python can read; no option takes more "
+                        "than a list of values: flatten it") from exc
     unknown_tables = sorted(set(recipe) - set(RECIPE_TABLES))
     if unknown_tables:
         raise UserError(f"recipe {path}: unknown table [{unknown_tables[0]}]; valid tables: {', '.join(RECIPE_TABLES)}")

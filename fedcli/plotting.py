@@ -10,10 +10,14 @@ user's matplotlibrc under the home folder does not change fedcli's figures.
 from __future__ import annotations
 
 import atexit
+import io
 import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
+
+from fedcli.artifacts import atomic_write_bytes
 
 CONFIG_DIR = "MPLCONFIGDIR"
 
@@ -37,3 +41,13 @@ def keep_matplotlib_out_of_home() -> None:
     folder = tempfile.mkdtemp(prefix="fedcli-matplotlib-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.environ[CONFIG_DIR] = folder
+
+
+def save_figure(fig, path: Path, **options) -> None:
+    """Write `fig` to `path` (its format from the suffix) as every artifact is written, whole or not at all
+    (artifacts.atomic_write_bytes: on a full disk no half figure stays and the line names the path), then
+    free it."""
+    data = io.BytesIO()
+    fig.savefig(data, format=Path(path).suffix.lstrip("."), **options)
+    pyplot().close(fig)
+    atomic_write_bytes(path, data.getvalue())

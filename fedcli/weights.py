@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import warnings
 from pathlib import Path
 
 import torch
@@ -65,7 +66,9 @@ def hub_checkpoint(filename: str) -> Path | None:
 
 def load_state(path: Path, what: str) -> dict:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns of a pickle protocol it then refuses: the refusal is the line
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file
         raise UserError(f"{what} {path} is not a plain PyTorch state dict of tensors ({load_failure(exc)}); fedcli "
                         "never runs pickled code from a weights file, so give the published file (what fedcli "

@@ -17,7 +17,7 @@ import torch
 
 from conftest import Cli, copy_exp, record_case, write_png
 from fedcli.artifact_kinds import kind_of
-from fedcli.artifacts import parse_tensors, sha256_bytes, sha256_file, tensor_bytes
+from fedcli.artifacts import METADATA_KEY, parse_tensors, sha256_bytes, sha256_file, tensor_bytes
 from fedcli.data.manifest import content_hash
 from fedcli.pipeline.ledger import Ledger
 from test_run import recipe, statuses
@@ -165,8 +165,12 @@ def edit_manifest(exp: Path, change) -> None:
     path.write_text(json.dumps(data))
 
 
+def set_field(data: dict, key: str, value) -> None:
+    data["nodes"][0]["train"][0][key] = value
+
+
 def set_label(data: dict, value) -> None:
-    data["nodes"][0]["train"][0]["label"] = value
+    set_field(data, "label", value)
 
 
 def with_label(value):
@@ -220,7 +224,38 @@ CASES = {
     "manifest label 1.0, hash recomputed": (["train-gan", "--sample-only"],
                                             lambda e: edit_manifest(e, lambda d: set_label(d, 1.0)),
                                             "has label 1.0, not a class index"),
+    # issue 57
+    "buffer metadata '[1]', hash recomputed": (
+        FEDER, lambda e: write(e / BUFFER0, raw_metadata(e / BUFFER0, "[1]"), rehash=True),
+        "is corrupt (its fedcli metadata is list JSON, not an object)"),
+    "buffer of 0 images, hash recomputed": (
+        FEDER, lambda e: forge(e / BUFFER0, lambda t: {k: v[:0] for k, v in t.items()}),
+        "holds 0 images, but its config.json recorded"),
+    "buffer of 10 of its images, hash recomputed": (
+        FEDER, lambda e: forge(e / BUFFER0, lambda t: {k: v[:10] for k, v in t.items()}),
+        "holds 10 images, but its config.json recorded"),
+    "float64 model, hash recomputed, predict": (
+        ["predict", "--strategy", "fedavg", "--data-dir", "IMAGES"],
+        lambda e: forge(e / "federate/fedavg/models/global.safetensors",
+                        lambda t: {k: v.double() if v.is_floating_point() else v for k, v in t.items()}),
+        "as torch.float64, not torch.float32"),
+    "manifest index 999999, hash recomputed": (["federate", "--strategy", "fedavg", "--overwrite"],
+                                               lambda e: edit_manifest(e, lambda d: set_field(d, "index", 999999)),
+                                               "has index 999999, but the built-in digits holds 1797 images"),
+    "manifest index -1, hash recomputed": (["federate", "--strategy", "fedavg", "--overwrite"],
+                                           lambda e: edit_manifest(e, lambda d: set_field(d, "index", -1)),
+                                           "has index -1, not a row number 0 or more"),
+    "manifest image_size 17, hash recomputed": (["federate", "--strategy", "fedavg", "--overwrite"],
+                                                lambda e: edit_manifest(e, lambda d: d.update(image_size=17)),
+                                                "image_size 17 is not a power of two"),
 }
+
+
+def raw_metadata(path: Path, text: str) -> bytes:
+    """The artifact's tensors under a fedcli metadata of `text`, as a peer or a forger could write it."""
+    from safetensors.torch import save
+
+    return save(parse_tensors(path.read_bytes())[0], metadata={METADATA_KEY: text})
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -85,6 +85,26 @@ def test_a_multi_frame_file_is_refused(tmp_path):
         native_pixels(tmp_path / "cine.dcm", EIGHT_BIT)
 
 
+def test_undecodable_compressed_pixel_data_is_one_line_naming_its_transfer_syntax(tmp_path):
+    """Issue 57, point 11: the message ran over two lines and showed `<_io.BytesIO object at 0x...>`."""
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import JPEGBaseline8Bit
+
+    path = tmp_path / "scan.dcm"
+    write_dicom(path, RAMP, "MONOCHROME2")
+    ds = pydicom.dcmread(path)
+    ds.file_meta.TransferSyntaxUID = JPEGBaseline8Bit
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = 8, 8, 7
+    ds.PixelData = encapsulate([b"\xff\xd8garbage" * 4])
+    ds["PixelData"].VR = "OB"
+    ds.save_as(path, enforce_file_format=True)
+    with pytest.raises(BadImageError) as raised:
+        native_pixels(path, EIGHT_BIT)
+    message = str(raised.value)
+    assert "scan.dcm holds pixel data in JPEG Baseline (Process 1) that cannot be decoded" in message
+    assert "replace it, or export it uncompressed" in message and " at 0x" not in message and "\n" not in message
+
+
 def test_without_pydicom_a_dicom_file_says_what_to_install(cli, tmp_path, monkeypatch):
     data = make_folders(tmp_path / "data", {"a": {"x": 6, "y": 6}, "b": {"x": 6, "y": 6}})
     write_dicom(data / "b" / "y" / "scan.dcm", RAMP)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedcli.plotting import pyplot
+from fedcli.plotting import pyplot, save_figure
 
 LABELS = {"standard": "standard GAN (phase 1)", "control": "control (phase 2 at alpha 0)",
           "privacy": "privacy-preserving GAN (phase 2)", "reference": "reference GAN (without the members)",
@@ -35,8 +35,7 @@ def image_rows(path: Path, rows: list[tuple[str, np.ndarray]], title: str) -> No
         line[0].set_title(name, fontsize=8, loc="left")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def histogram(path: Path, frame: pd.DataFrame, node: str, network: str, effect: dict) -> None:
@@ -55,8 +54,7 @@ def histogram(path: Path, frame: pd.DataFrame, node: str, network: str, effect: 
                    f"p = {effect['p_value']:.2g}): {effect['verdict']}", fontsize=8)
     axis.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def pairs(path: Path, members: torch.Tensor, reconstructions: dict[str, torch.Tensor], node: str, what: str,
@@ -89,5 +87,4 @@ def roc(path: Path, frame: pd.DataFrame, node: str, score: str = "projection LPI
     axis.set_title(f"{node}: membership inference (score = -{score})", fontsize=8)
     axis.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -94,7 +94,7 @@ def check_inputs(cfg: AuditConfig, manifest: Manifest, node: str, seed: int) -> 
     generators = {name: load_generator(folder, file, saved) for name, file in GENERATORS.items()}
     reseeded, tiny = ((load_generator(folder, f, saved) for f in AUDITED_CONTROLS.values()) if cfg.controls
                       else (None, None))
-    return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], reseeded,
+    return NodeInputs(saved, generators, load_buffer_file(folder, node, manifest, saved)[0], reseeded,
                       tiny, check_reference(cfg, manifest, node, seed, saved), check_lira(cfg, manifest, node, seed, saved))
 
 
@@ -108,7 +108,7 @@ def check_buffer_inputs(cfg: AuditConfig, manifest: Manifest, node: str, kind: s
     if not (folder / BUFFER).is_file():
         raise UserError(f"node {node} has no {BUFFER} in {folder}; run fedcli train-gan --exp {cfg.exp} --overwrite")
     saved = read_gan_config(cfg.exp, manifest, node)
-    return NodeInputs(saved, {}, load_buffer_file(folder, node, manifest, saved.get("classes"))[0], None, None, None)
+    return NodeInputs(saved, {}, load_buffer_file(folder, node, manifest, saved)[0], None, None, None)
 
 
 def check_reference(cfg: AuditConfig, manifest: Manifest, node: str, seed: int, saved: dict) -> nn.Module | None:

@@ -11,6 +11,7 @@ anything else is refused with the reason.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from fedcli.errors import UserError
 
 SUFFIX = ".dcm"
 GRAY = ("MONOCHROME1", "MONOCHROME2")
+ONE_IMAGE = "fedcli reads one image per file: save the frame to use as its own file"  # every multi-frame file's advice
 
 
 class DicomError(ValueError):
@@ -48,10 +50,9 @@ def read(path: Path, check_size: Callable[[int, int], None]) -> np.ndarray:
         check_size(int(ds.Columns), int(ds.Rows))
         frames = int(ds.get("NumberOfFrames") or 1)
         if frames > 1:
-            raise DicomError(f"holds {frames} frames", "fedcli reads one image per file: save the frame to use "
-                             "as its own file")
+            raise DicomError(f"holds {frames} frames", ONE_IMAGE)
         photometric = str(ds.PhotometricInterpretation)
-        values = ds.pixel_array  # colour arrives as RGB (pydicom converts YBR)
+        values = pixels(ds)
         if photometric in GRAY:
             return grayscale(ds, values)
         if values.ndim == 3 and values.dtype == np.uint8:
@@ -61,7 +62,25 @@ def read(path: Path, check_size: Callable[[int, int], None]) -> np.ndarray:
     except (DicomError, UserError, FileNotFoundError):
         raise
     except Exception as exc:  # pydicom raises many types for a damaged or unsupported file
-        raise DicomError(f"is unreadable or corrupt ({exc})") from exc
+        raise DicomError(f"is unreadable or corrupt ({plain(exc)})") from exc
+
+
+def pixels(ds) -> np.ndarray:
+    """The stored pixel values (colour as RGB: pydicom converts YBR); data its transfer syntax's decoders cannot
+    read is refused naming that syntax."""
+    try:
+        return ds.pixel_array
+    except Exception as exc:
+        syntax = getattr(ds.get("file_meta"), "TransferSyntaxUID", None)
+        raise DicomError(f"holds pixel data{f' in {syntax.name}' if syntax else ''} that cannot be decoded "
+                         f"({plain(exc)})", "replace it, or export it uncompressed") from exc
+
+
+def plain(exc: Exception) -> str:
+    """pydicom's message on one line, without the object reprs (`<_io.BytesIO object at 0x...>`) it names."""
+    text = re.sub(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>", "", str(exc))
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return text[:200] or type(exc).__name__
 
 
 def grayscale(ds, values: np.ndarray) -> np.ndarray:

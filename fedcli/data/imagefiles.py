@@ -5,8 +5,10 @@ orientation. 8-bit files are then converted by PIL as they are; deeper grayscale
 32-bit integer, float) are scaled to [0, 1] on the dataset's one scale (`pixelscale`, chosen at
 partition and kept in the manifest), then resized as floats and quantised to uint8 once; DICOM files go
 through their own modality and VOI transforms (`dicom`). A file declaring more than `MAX_PIXELS` pixels
-is refused from its header, before anything is decompressed; a multi-page TIFF is refused rather than
-silently read at its first page.
+is refused from its header, before anything is decompressed; a file of several images (a multi-page TIFF, an
+animated GIF, PNG or WebP, a multi-frame DICOM) is refused rather than silently read at its first one. An MPO
+file, a camera's JPEG with a preview or a stereo pair appended, is read at its first image, as every viewer
+shows it.
 """
 
 from __future__ import annotations
@@ -85,9 +87,10 @@ def open_image(path: Path) -> Iterator:
     with image:
         check_size(path, image.width, image.height)
         try:
-            if image.format == "TIFF" and image.n_frames > 1:
-                raise BadImageError(path, f"holds {image.n_frames} pages", "fedcli reads one image per file: save "
-                                    "the page to use as its own file")
+            frames = getattr(image, "n_frames", 1)
+            if frames > 1 and image.format != "MPO":
+                raise BadImageError(path, f"holds {frames} {'pages' if image.format == 'TIFF' else 'frames'}",
+                                    dicom.ONE_IMAGE)
             yield image
         except unreadable as exc:
             raise BadImageError(path, f"is unreadable or corrupt ({exc})", "replace or delete it") from exc

@@ -59,9 +59,10 @@ def decode_chunk(manifest: Manifest, records: list[dict]) -> torch.Tensor:
     """Float images in [0, 1], (n, C, S, S), before any scanner transform."""
     size, channels, source = manifest["image_size"], manifest["channels"], manifest["source"]
     if source == "digits":
-        raw = torch.from_numpy(digit_images()[[r["index"] for r in records]]).unsqueeze(1)
+        raw = torch.from_numpy(rows(digit_images(), records, manifest, "the built-in digits")).unsqueeze(1)
     elif source == "medmnist":
-        array = npz_images(str(manifest.root / manifest["data_file"]))[[r["index"] for r in records]]
+        array = rows(npz_images(str(manifest.root / manifest["data_file"])), records, manifest,
+                     manifest["data_file"])
         raw = torch.from_numpy(array).float().div(255)
         raw = raw.unsqueeze(1) if raw.ndim == 3 else raw.permute(0, 3, 1, 2)
     else:
@@ -71,6 +72,16 @@ def decode_chunk(manifest: Manifest, records: list[dict]) -> torch.Tensor:
                                    records))
         return torch.from_numpy(np.stack(arrays)).float().div(255)
     return to_channels(resize(raw, size), channels)
+
+
+def rows(array: np.ndarray, records: list[dict], manifest: Manifest, what: str) -> np.ndarray:
+    """The records' rows of a source's array; an index past its end is refused, not an IndexError."""
+    index = [r["index"] for r in records]
+    beyond = next((r for r, i in zip(records, index) if i >= len(array)), None)
+    if beyond is not None:
+        raise UserError(f"{manifest.path}: record {beyond['id']!r} has index {beyond['index']}, but {what} holds "
+                        f"{len(array)} images; re-run fedcli partition")
+    return array[index]
 
 
 def load_images(manifest: Manifest, node: str | None, records: list[dict]) -> torch.Tensor:

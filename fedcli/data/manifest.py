@@ -17,10 +17,11 @@ class names (node names become folder names), labels that index the classes, fol
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from fedcli.artifacts import canonical_json, read_json, sha256_bytes
+from fedcli.config import MAX_IMAGE_SIZE
 from fedcli.data.pixelscale import Scale
 from fedcli.errors import UserError
 from fedcli.names import check_name, check_names
@@ -29,6 +30,7 @@ SCHEMA = "fedcli.manifest/1"
 UNHASHED = ("content_hash", "data_root", "statistics", "dropped", "positive_class")  # none decides a pixel or label
 SPLITS = ("train", "test", "shared", "unlabeled", "validation", "held_apart")
 OPTIONAL_SPLITS = SPLITS[2:]  # the shared set's part, and the few-labels parts (data/label_parts.py)
+ARRAY_SOURCES = ("digits", "medmnist")  # records index a row of an array; every other source's name a file
 REQUIRED = ("source", "scheme", "seed", "image_size", "channels", "label_names", "nodes", "content_hash")
 
 
@@ -41,12 +43,15 @@ def manifest_path(exp: Path) -> Path:
     return Path(exp) / "partition" / "manifest.json"
 
 
-def check_content(data: dict[str, Any], path: Path) -> None:
-    """Names, labels and folds as partition writes them; anything else is one UserError naming it."""
+def check_content(data: dict[str, Any], path: Path, own: str | None = None) -> None:
+    """Names, labels, folds, the image shape and where each record's image lies, as partition writes them;
+    anything else is one UserError naming it. `own`: a node manifest's node, the one whose records it holds
+    (the others' entries are counts, data/node_manifest.py)."""
     nodes, names = data["nodes"], data["label_names"]
     if not isinstance(nodes, list) or not nodes or not all(isinstance(n, dict) for n in nodes) \
             or not isinstance(names, list):
         raise UserError(f"{path} has no list of nodes and class names; re-run fedcli partition")
+    check_shape(data, path)
     check_names("node", [n.get("name") for n in nodes], str(path))
     for node in nodes:
         check_name("site", node.get("site"), str(path))
@@ -56,13 +61,22 @@ def check_content(data: dict[str, Any], path: Path) -> None:
                                                     and 0 <= r["label"] < len(names) for r in global_test):
         raise UserError(f"{path}: the global test set is not a list of records with class indices 0..{len(names) - 1}; "
                         "re-run fedcli partition")
+    for record in global_test:
+        check_reference(record, data["source"], path, "the global test set's")
     folds = data.get("folds")
     for node in nodes:
+        if own is not None and node["name"] != own:
+            counts = [node.get("train_count"), node.get("unlabeled_count", 0)]
+            if not all(type(n) is int and n >= 0 for n in counts) or not sum(counts):
+                raise UserError(f"{path}: node {node['name']}'s entry has no count of training images; copy the "
+                                "node manifest again from the partition")
+            continue
         for split in SPLITS:
             records = node.get(split, [] if split in OPTIONAL_SPLITS else None)
             if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
                 raise UserError(f"{path}: node {node['name']} has no list of {split} records; re-run fedcli partition")
             for record in records:
+                check_reference(record, data["source"], path, f"node {node['name']}'s {split}")
                 label = record.get("label")
                 if split == "unlabeled":
                     if label is not None:
@@ -76,6 +90,35 @@ def check_content(data: dict[str, Any], path: Path) -> None:
                 if split == "train" and type(folds) is int and (type(fold) is not int or not 0 <= fold < folds):
                     raise UserError(f"{path}: node {node['name']}'s train record {record.get('id')!r} has fold "
                                     f"{fold!r}, not one of 0..{folds - 1}; re-run fedcli partition")
+        if not node["train"] and not node.get("unlabeled"):
+            raise UserError(f"{path}: node {node['name']} holds no training image; re-run fedcli partition")
+
+
+def check_shape(data: dict[str, Any], path: Path) -> None:
+    """The image size and channels every stage builds its models and tensors for, as partition allows them."""
+    size, channels = data["image_size"], data["channels"]
+    if type(size) is not int or not 16 <= size <= MAX_IMAGE_SIZE or size & (size - 1):
+        raise UserError(f"{path}: image_size {size!r} is not a power of two in 16..{MAX_IMAGE_SIZE}; re-run fedcli "
+                        "partition")
+    if channels not in (1, 3) or type(channels) is not int:
+        raise UserError(f"{path}: channels {channels!r} is neither 1 nor 3; re-run fedcli partition")
+
+
+def check_reference(record: dict, source: str, path: Path, whose: str) -> None:
+    """A record's image: a row index of the source's array (its upper bound is checked where the array is
+    read, data/loading.py), or a file path that stays inside the data folder, so that no manifest makes a
+    hospital read another file on its disk."""
+    if source in ARRAY_SOURCES:
+        index = record.get("index")
+        if type(index) is not int or index < 0:
+            raise UserError(f"{path}: {whose} record {record.get('id')!r} has index {index!r}, not a row number 0 "
+                            "or more; re-run fedcli partition")
+        return
+    name = record.get("path")
+    parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+    if not parts or name.startswith("/") or "\\" in name or ".." in parts or ":" in parts[0]:
+        raise UserError(f"{path}: {whose} record {record.get('id')!r} has path {name!r}, not a file inside the data "
+                        "folder; re-run fedcli partition")
 
 
 class Manifest:

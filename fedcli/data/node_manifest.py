@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcli.artifacts import read_json
-from fedcli.data.manifest import Manifest, content_hash, manifest_path
+from fedcli.data.manifest import REQUIRED, Manifest, check_content, content_hash, manifest_path
 from fedcli.errors import UserError
 from fedcli.layout import inside
 
@@ -80,6 +80,10 @@ def load_node_manifest(exp: Path, node: str | None, rank: int) -> NodeManifest:
                 "content_hash"):
             raise UserError(f"{path} is not node {node}'s unmodified {NODE_SCHEMA} manifest; copy it again from "
                             "the partition")
+        missing = [k for k in REQUIRED if k not in data]
+        if missing:
+            raise UserError(f"{path} lacks {missing[0]!r}; copy it again from the partition")
+        check_content(data, path, own=node)
         return NodeManifest(data, path)
     if not manifest_path(exp).is_file():
         raise UserError(f"node {node} has no manifest ({path} is missing); copy it from the partition, or pass "

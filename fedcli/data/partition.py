@@ -15,7 +15,7 @@ from fedcli.data.manifest import SCHEMA, Manifest, content_hash
 from fedcli.data.node_manifest import node_view
 from fedcli.data.records import Sample, SourceData
 from fedcli.data.sources import read_source
-from fedcli.data.splits import NodeError, split_node
+from fedcli.data.splits import NodeError, split_node, test_classes
 from fedcli.data.summary import skew_of, skew_statistics, summary_frame, write_summary_png
 from fedcli.devices import with_threads
 from fedcli.errors import UserError
@@ -124,6 +124,16 @@ def skew_nodes(cfg: PartitionConfig, source: SourceData, samples: list[Sample]) 
     return best[0]
 
 
+def check_two_classes(samples: list[Sample], label_names: list[str]) -> None:
+    """Every node is tested on two classes or more, so the data must hold two with two images or more,
+    whatever the scheme (else each scheme would blame its own options)."""
+    present = test_classes(samples)
+    if len(present) < 2:
+        held = ", ".join(f"{label_names[c]} ({n} images)" for c, n in present.items()) or "none"
+        raise UserError(f"the data has fewer than two classes with two or more images (such classes: {held}), and "
+                        "every node is tested on two classes or more; add images of another class")
+
+
 def check_communities(cfg: PartitionConfig) -> None:
     if not cfg.communities:
         return
@@ -159,12 +169,23 @@ def scanner_of(cfg: PartitionConfig, index: int) -> int:
     return next(group for group, end in enumerate(ends) if index < end)
 
 
+NODE_ADVICE = {  # what changes an untestable node, per scheme: a source's sites are the data's own
+    "source": "its site is the data's own: add images of a second class there, or use --scheme iid or dirichlet "
+              "with --nodes N",
+    "iid": "use fewer --nodes",
+    "site-shift": "use fewer --nodes",
+    "dirichlet": "use fewer --nodes or a larger --alpha",
+    "skew": "lower --ks or use fewer --nodes",
+}
+
+
 def node_entry(cfg: PartitionConfig, scheme: str, index: int, name: str, members: list[Sample],
                label_names: list[str]) -> dict:
     mix = class_mix.parse(cfg.class_mix, label_names).get(name)
     if mix is not None:
         members = class_mix.mixed(name, members, *mix, cfg.seed, label_names)
-    train, test = split_node(name, members, label_names, cfg.test_fraction, cfg.folds, cfg.seed, cfg.train_size)
+    train, test = split_node(name, members, label_names, cfg.test_fraction, cfg.folds, cfg.seed, cfg.train_size,
+                             NODE_ADVICE[scheme])
     spec = acquisition.for_node(scanner_of(cfg, index), cfg.scanners) if scheme == "site-shift" else None
     return {"name": name, "site": node_site(members), "acquisition": spec, "train": train, "test": test}
 
@@ -185,6 +206,7 @@ def make_manifest(cfg: PartitionConfig, reserved: Collection[str] = ()) -> tuple
     cfg = dataclasses.replace(cfg, scheme=scheme, nodes=n_nodes, channels=cfg.channels or source.channels)
     check_scanners(cfg)
     check_communities(cfg)
+    check_two_classes(samples, source.label_names)
     if n_nodes is not None and n_nodes > len(samples):
         raise UserError(f"--nodes {n_nodes} is more than the {len(samples)} samples; lower --nodes")
     mixes = class_mix.parse(cfg.class_mix, source.label_names)

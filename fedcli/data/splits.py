@@ -34,9 +34,11 @@ def per_class_test_size(n: int, present: dict[int, int], test_fraction: float) -
     return max(1, min(target, min(present.values()) // 2))
 
 
-def check_node(name: str, samples: list[Sample], label_names: list[str]) -> dict[int, int]:
+def check_node(name: str, samples: list[Sample], label_names: list[str], advice: str) -> dict[int, int]:
+    """The node's testable classes; a node with fewer than two is refused with `advice`, what the user can
+    change in the scheme that made it (data/partition.py, NODE_ADVICE)."""
     if not samples:
-        raise NodeError(f"node {name} has no samples; use fewer --nodes or a larger --alpha")
+        raise NodeError(f"node {name} has no samples; {advice}")
     present = test_classes(samples)
     if len(present) < 2:
         counts = Counter(s.label for s in samples)
@@ -46,16 +48,17 @@ def check_node(name: str, samples: list[Sample], label_names: list[str]) -> dict
                   "both sides of the split") if singles else ""
         raise NodeError(
             f"node {name} has fewer than two classes with two or more images (such classes: {testable}{single}), "
-            "so it cannot be tested; use fewer --nodes, a larger --alpha, or data with two classes at every site"
+            f"so it cannot be tested; {advice}"
         )
     return present
 
 
 def split_node(name: str, samples: list[Sample], label_names: list[str], test_fraction: float, folds: int,
-               seed: int, train_size: int | None = None) -> tuple[list[dict], list[dict]]:
+               seed: int, train_size: int | None = None,
+               advice: str = "use fewer --nodes") -> tuple[list[dict], list[dict]]:
     """Train records (with a `fold`) and test records of one node; `train_size`: at most that many train
     records, a class-stratified draw (`smaller_train`), the test records unchanged."""
-    present = check_node(name, samples, label_names)
+    present = check_node(name, samples, label_names, advice)
     t = per_class_test_size(len(samples), present, test_fraction)
     groups: dict[str, list[int]] = {}
     for i, s in enumerate(samples):

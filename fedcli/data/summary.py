@@ -12,7 +12,7 @@ from fedcli.data import acquisition
 from fedcli.data.label_parts import HELD_APART, UNLABELED, VALIDATION, node_labels, training_count, training_labels
 from fedcli.data.manifest import Manifest
 from fedcli.data.skew import label_distributions, mean_pairwise_js, mean_pairwise_ks, mean_pairwise_tv
-from fedcli.plotting import pyplot
+from fedcli.plotting import pyplot, save_figure
 
 
 def class_counts(records: list[dict], n_classes: int) -> np.ndarray:
@@ -158,8 +158,7 @@ def write_summary_png(manifest: Manifest, path: Path, per_node: int = 8) -> None
         axis.set_title(f"{node['name']}: " + " ".join("?" if r["label"] is None else names[r["label"]] for r in picks),
                        fontsize=8, loc="left")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def example_records(records: list[dict], k: int) -> list[dict]:

@@ -59,7 +59,7 @@ def load_buffer(exp: Path, manifest: Manifest, node: str, size: int | None, stra
         raise UserError(f"strategy {strategy} needs node {node}'s synthetic buffer ({folder / BUFFER} is missing); "
                         f"run fedcli train-gan --exp {exp} first")
     saved = read_gan_config(exp, manifest, node)
-    images, labels = load_buffer_file(folder, node, manifest, saved.get("classes"))
+    images, labels = load_buffer_file(folder, node, manifest, saved)
     size = len(labels) if size is None else size
     if size > len(labels):
         raise UserError(f"--buffer-size {size} exceeds node {node}'s buffer of {len(labels)} images; run "
@@ -134,6 +134,10 @@ def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
             raise UserError(f"{name} --anonymize --policy {options.policy}: the server validates the peers on the "
                             f"held-apart set, which {holder} holds, not --server-node {options.server_node}; drop "
                             f"--server-node or name {holder}")
+        if getattr(options, "peers", 0) > len(nodes) - 1:  # else each node would learn from fewer than recorded
+            default = "" if cfg.peers is not None else " (its default)"
+            raise UserError(f"{name} --peers {options.peers}{default}: with {len(nodes)} nodes each node has "
+                            f"{len(nodes) - 1} other{'s' if len(nodes) > 2 else ''} to learn from; pass --peers {len(nodes) - 1} or fewer")
         if getattr(options, "policy_threshold", None) is not None and options.policy not in GATED:
             raise UserError(f"--policy-threshold applies to the gated policies ({', '.join(GATED)}), not to "
                             f"--policy {options.policy}; drop it or choose a gated policy")

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from fedcli.generators import Sampler
-from fedcli.plotting import pyplot
+from fedcli.plotting import pyplot, save_figure
 from fedcli.replay.buffer import to_uint8
 from fedcli.rng import torch_stream
 
@@ -43,5 +43,4 @@ def write_samples(path: Path, generators: dict[str, Sampler], titles: dict[str, 
         axis.set_xticks([])
         axis.set_title(f"{node}: {titles[name]}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)

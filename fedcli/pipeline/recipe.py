@@ -236,6 +236,9 @@ def apply_set(raw: dict[str, Any], item: str) -> None:
         value = tomllib.loads(f"v = {text.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = text.strip()
+    except RecursionError as exc:
+        raise UserError(f"--set {key.strip()}=...: the value nests deeper than Python can read; no option takes "
+                        "more than a list of values") from exc
     raw.setdefault(table, {})[name] = value
 
 

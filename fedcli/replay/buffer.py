@@ -55,15 +55,19 @@ def buffer_metadata(node: str, manifest_hash: str, decoded: bool = False) -> dic
     return {"node": node, "manifest": manifest_hash, "layout": LAYOUT} | ({"decoded": DECODED} if decoded else {})
 
 
-def load_buffer_file(folder: Path, node: str, manifest, classes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Node `node`'s buffer from its GAN folder: as its config.json recorded, made for this node and this
-    partition (`manifest`), uint8 images of the partition's shape, one label per image from `classes`."""
+def load_buffer_file(folder: Path, node: str, manifest, saved: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Node `node`'s buffer from its GAN folder: as its config.json (`saved`) recorded it (hash and number of
+    images), made for this node and this partition (`manifest`), uint8 images of the partition's shape, one
+    label per image from the node's classes."""
     what, fix = f"buffer of node {node}", f"re-run fedcli train-gan --node {node} --overwrite"
-    tensors, _ = load_recorded(Path(folder) / BUFFER, what, fix,
-                               expect={"node": node, "manifest": manifest.content_hash})
+    path = Path(folder) / BUFFER
+    tensors, _ = load_recorded(path, what, fix, expect={"node": node, "manifest": manifest.content_hash})
     images, labels = tensors.get("images"), tensors.get("labels")
     shape = (manifest["channels"], manifest["image_size"], manifest["image_size"])
-    problem = buffer_problem(images, labels, shape, manifest.num_classes, classes)
+    problem = buffer_problem(images, labels, shape, manifest.num_classes, saved.get("classes"))
+    recorded = (saved.get("buffer") or {}).get("size")
+    if not problem and (not len(labels) or len(labels) != recorded):
+        problem = f"holds {len(labels)} images, but its config.json recorded {recorded!r}"
     if problem:
-        raise UserError(f"{what} at {Path(folder) / BUFFER} {problem}; {fix}")
+        raise UserError(f"{what} at {path} {problem}; {fix}")
     return images, labels

@@ -7,7 +7,6 @@ The report only reads artifacts, so it is redrawn in full every time (the folder
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 from fedcli import console
@@ -63,7 +62,7 @@ class Writer:
 
     def copy_figure(self, source: Path, name: str, caption: str) -> None:
         if source.is_file():
-            shutil.copyfile(source, self.out / "figures" / name)
+            atomic_write_bytes(self.out / "figures" / name, source.read_bytes())
             self.figure(name, caption)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from fedcli.fl.adaptive_bins import adaptive_bins
-from fedcli.plotting import pyplot
+from fedcli.plotting import pyplot, save_figure
 from fedcli.report.collect import Run, SubExperiment
 from fedcli.report.paired import own_predictions
 
@@ -85,6 +85,5 @@ def calibration_figure(variants: dict[str, list[tuple[Run, SubExperiment]]], pat
         ax.grid(alpha=0.3)
     panels[0].legend(fontsize=5)
     panels[len(clients)].legend(fontsize=5)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
     return aurc

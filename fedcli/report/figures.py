@@ -8,15 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcli.plotting import pyplot
+from fedcli.plotting import pyplot, save_figure
 from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, dp_label, own_rows, own_scores,
                                    variant_label)
 from fedcli.report.skew_study import on_global_test, skew_measure, skew_points
 
 
 def save(fig, path: Path) -> None:
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    pyplot().close(fig)
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
 def per_round(metrics, metric: str) -> dict[int, float]:
