@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperGroup
 
-from fedcli import __version__, console, events
+from fedcli import __version__, console, events, help_panels
 from fedcli.config import (AuditConfig, Device, DpNoise, Engine, GanConfig, Launch, LpipsNet, Metric, ModelName,
                            PartitionConfig, PredictConfig, Preprocess, PrivacyLoss, PrivacyScale, ReportConfig, Scheme,
                            SelectRule, Source, Task, number_or_keyword, read_recipe, resolve)
@@ -18,6 +18,7 @@ from fedcli.errors import UserError, environment_message
 from fedcli.fl.federate_config import (EvalStatistics, FederateConfig, Labels, LrSchedule, Optimizer, PartialBatch,
                                        Ssl, Weighting)
 from fedcli.fl.strategies import REGISTRY
+from fedcli.help_panels import grouped
 from fedcli.layout import check_experiment_folder
 from fedcli.pipeline.shipped import locate, shipped_recipes
 
@@ -215,6 +216,7 @@ def partition(
 
 
 @app.command("train-gan", epilog="Example: fedcli train-gan --exp results/demo --node node0")
+@grouped(help_panels.TRAIN_GAN)
 def train_gan(
     ctx: typer.Context,
     exp: Optional[Path] = typer.Option(None, "--exp", help=EXP_HELP, show_default=False),
@@ -398,6 +400,7 @@ STRATEGY_LIST = "\n\n".join(f"{d.name}: {d.summary}." for d in REGISTRY)
 @app.command(epilog="Example: fedcli federate --strategy feder --strategy fedavg --exp results/demo",
              help="Run FedER and the baselines on the partition.\n\nWrites <exp>/federate/<strategy>/: metrics.csv, "
              "bn_statistics.csv, comm.csv, models/, config.json.\n\nStrategies (--strategy):\n\n" + STRATEGY_LIST)
+@grouped(help_panels.FEDERATE, extra=lambda name: name in REGISTRY.options() and REGISTRY.declaring(name)[0].panel)
 @with_strategy_options
 def federate(
     ctx: typer.Context,

@@ -97,6 +97,22 @@ def ranged(default: Any, low: float, high: float, **bounds: Any) -> Any:
     return dataclasses.field(default=default, metadata={"range": Range(low, high, **bounds)})
 
 
+GIVEN = dataclasses.field(default=frozenset(), compare=False, repr=False, metadata={"internal": True})
+"""A config's record of the options given on the command line or in a recipe table (`resolve`,
+pipeline/recipe.py), so that a check reads what the user set, not what differs from a default. Internal: no
+option, no recipe key, never in config.json or a fingerprint; `dataclasses.replace` keeps it."""
+
+
+def user_fields(cls: Any) -> list[dataclasses.Field]:
+    """The fields that are options (every field but the internal record of what was given)."""
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+
+
+def given_fields(cls: type, names) -> dict[str, frozenset[str]]:
+    """`given=` for a config class that records what was given, else nothing."""
+    return {"given": frozenset(names)} if "given" in {f.name for f in dataclasses.fields(cls)} else {}
+
+
 def field_range(cls: type, name: str) -> Range:
     return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["range"]
 
@@ -197,7 +213,8 @@ def to_json(cfg) -> dict[str, Any]:
     def plain(value: Any) -> Any:
         return str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
 
-    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
+    options = {f.name for f in user_fields(cfg)}
+    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items() if k in options}
 
 
 def read_recipe(path: Path) -> dict[str, Any]:
@@ -227,13 +244,13 @@ def stage_values(cls: type, stage: str, table: dict[str, Any], origin: str,
                  unlisted: frozenset[str] = frozenset()) -> dict[str, Any]:
     """A recipe table's values for `cls`, keyed by field name and checked against the field types; an unknown
     key's message lists the valid ones, less `unlisted` (those the caller refuses: `fedcli run` sets some itself)."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {"exp"}
+    fields = {f.name for f in user_fields(cls)} - {"exp"}
     hints = typing.get_type_hints(cls)
     values = {}
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in fields:
-            names = ", ".join(f.name.replace("_", "-") for f in dataclasses.fields(cls)
+            names = ", ".join(f.name.replace("_", "-") for f in user_fields(cls)
                               if f.name in fields - unlisted)
             raise UserError(f"{origin}: unknown key {stage}.{key}; valid keys: {names}")
         values[name] = coerce(value, hints[name], f"{origin}: {stage}.{name.replace('_', '-')}")
@@ -244,14 +261,15 @@ def resolve(cls: type, cli: dict[str, Any], given_on_cli: set[str], recipe_path:
     """Build `cls` from CLI values (winning where given), the recipe, and the defaults."""
     recipe = {} if recipe_path is None else read_recipe(recipe_path).get(stage, {})
     values = stage_values(cls, stage, recipe, f"recipe {recipe_path}")
+    given = given_fields(cls, (given_on_cli | set(values)) - {"exp"})
     values = {name: values[name] if name in values and name not in given_on_cli else cli[name]
-              for name in (f.name for f in dataclasses.fields(cls))}
+              for name in (f.name for f in user_fields(cls))}
     if values.get("exp") is None:
         raise UserError("no experiment folder: pass --exp DIR")
     if Path(values["exp"]).exists() and not Path(values["exp"]).is_dir():
         raise UserError(f"--exp {values['exp']} is a file, not a folder; pass a folder (it is created if missing)")
     check_experiment_folder(values["exp"])
-    return cls(**values)
+    return cls(**values, **given)
 
 
 def kind_name(annotation: Any) -> str:
@@ -385,6 +403,11 @@ class GanConfig:
     timeout: float = ranged(300.0, 0, 7 * 86400, low_open=True, why="seconds")  # per transfer or collective
     threads: int | None = ranged(None, 1, MAX_THREADS)
     overwrite: bool = False
+    given: frozenset[str] = GIVEN  # the options the user set, whatever their values (a kind refuses those it does not read)
+
+    def defaults(self) -> GanConfig:
+        """Every option at its default, as resolved for this config's DP setting (which some defaults follow)."""
+        return GanConfig(exp=self.exp, dp_epsilon=self.dp_epsilon)
 
     def __post_init__(self) -> None:
         check_ranges(self)

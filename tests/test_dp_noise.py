@@ -16,7 +16,7 @@ from torch.func import functional_call
 
 from fedcli.config import GanConfig, settled, to_json
 from fedcli.gan import private, secure_noise, stylegan2, vqvae2
-from fedcli.gan.stage import check_options
+from fedcli.gan.node_training import check_options
 from fedcli.rng import torch_stream
 
 SEED = 7

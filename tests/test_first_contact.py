@@ -211,7 +211,7 @@ def test_fedcli_run_keeps_the_generators_an_interrupted_train_gan_finished(gan3_
     """The runner's train-gan keeps each node folder made by the same config and retrains only the missing
     one, which comes out as it did when every node trained together."""
     from fedcli.config import GanConfig, stage_values
-    from fedcli.gan import stage
+    from fedcli.gan import node_training, stage
 
     exp = copy_exp(gan3_exp, tmp_path)
     (exp / "gan" / "node2").rename(tmp_path / "node2-before")
@@ -220,7 +220,7 @@ def test_fedcli_run_keeps_the_generators_an_interrupted_train_gan_finished(gan3_
                                                                  if k != "exp" and v is not None},
                                             "test"))
     kept = {node: tree(exp / "gan" / node) for node in ("node0", "node1")}
-    assert stage.finished(dataclasses.replace(cfg, iterations=cfg.iterations + 1), "node0") is None
+    assert node_training.finished(dataclasses.replace(cfg, iterations=cfg.iterations + 1), "node0") is None
     stage.run(dataclasses.replace(cfg, overwrite=True, threads=2), keep_finished=True)
     assert {node: tree(exp / "gan" / node) for node in ("node0", "node1")} == kept
     remade = tree(exp / "gan" / "node2")

@@ -189,11 +189,11 @@ def test_an_option_name_declared_with_another_meaning_is_refused():
     class SameMeaning:
         mu: float = option(0.1, 0, 1000, help="FedProx proximal weight.", select=True)
 
-    registry = Registry()
-    registry.add(Declaration("a", 1, "a", lambda o: None, options=Prox))
-    registry.add(Declaration("b", 2, "b", lambda o: None, options=SameMeaning))  # another default is allowed
+    registry = Registry(order=("a", "b", "c"))
+    registry.add(Declaration("a", "a", lambda o: None, options=Prox))
+    registry.add(Declaration("b", "b", lambda o: None, options=SameMeaning))  # another default is allowed
     with pytest.raises(ValueError, match="another meaning"):
-        registry.add(Declaration("c", 3, "c", lambda o: None, options=OtherMu))
+        registry.add(Declaration("c", "c", lambda o: None, options=OtherMu))
     assert registry.names() == ("a", "b")
     assert registry.resolved_options("b", {}).mu == 0.1 and registry.resolved_options("a", {"mu": 3}).mu == 3
     with pytest.raises(UserError, match="must lie in"):
@@ -204,3 +204,15 @@ def test_no_node_may_take_a_model_key_that_a_strategy_produces():
     assert {"global", "central", "ensemble", "labels", "global-test"} <= set(REGISTRY.reserved_names())
     produced = {d.model_key for d in REGISTRY if d.model_key != "nodes"}
     assert set(REGISTRY.reserved_names()) == produced | {ENSEMBLE, LABELS, GLOBAL_TEST}
+
+
+def test_strategies_are_listed_in_the_registrys_one_order_and_an_unlisted_one_follows():
+    """The order was an integer in each module, with three collisions decided by file names."""
+    from fedcli.fl.strategies import ORDER
+
+    assert REGISTRY.names() == tuple(n for n in ORDER if n in REGISTRY.names())
+    assert set(REGISTRY.names()) == set(ORDER)
+    registry = Registry(order=("b", "a"))
+    for name in ("z", "a", "b"):
+        registry.add(Declaration(name, name, lambda o: None))
+    assert registry.names() == ("b", "a", "z")

@@ -17,6 +17,7 @@ from fedcli.artifacts import load_tensors
 from fedcli.config import GAN_ENGINE_OPTIONS
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
+from fedcli.errors import UserError
 from fedcli.fl import engine
 from fedcli.fl.federate_config import FederateConfig
 from fedcli.fl.payloads import encode_codes, encode_model
@@ -353,6 +354,8 @@ def test_the_replay_strategies_replay_a_prior_buffer_when_asked(chain, tmp_path,
 # -- refusals ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("args, says", [
     (["--alpha", "0.5"], "--alpha is not an option of generator kind vqvae2"),
+    (["--alpha", "1"], "--alpha is not an option of generator kind vqvae2"),  # its default, given: issue 58
+    (["--lpips-net", "alex"], "--lpips-net is not an option of generator kind vqvae2"),
     (["--dp-epsilon", "5"], "--prior-iterations 0 trains no prior"),
     (["--node", "node0"], "trains serially across every node"),
     (["--launch", "local"], "--launch applies to --engine distributed"),
@@ -363,6 +366,28 @@ def test_options_a_vqvae2_cannot_take_are_refused_in_one_line(chain, tmp_path, c
     exp = copy_exp(chain[0], tmp_path)
     line = cli.user_error("train-gan", "--exp", exp, "--overwrite", *TINY_VQ, *args)
     assert says in line
+
+
+def test_a_recipe_gives_what_its_tables_set_and_a_variant_gives_up_what_it_resets(tmp_path):
+    """Issue 58: an option was known as given only when it differed from its default, so `alpha = 1.0` (the
+    default) reached a VQ-VAE-2 unread; a variant that sets an option back to its default gives it up, so one
+    recipe can hold StyleGAN rows and VQ-VAE-2 rows."""
+    from fedcli.config import to_json
+    from fedcli.gan.kinds import generator_kind
+    from fedcli.gan.node_training import check_options
+    from fedcli.pipeline.recipe import Recipe
+
+    path = tmp_path / "r.toml"
+    path.write_text('[train_gan]\nalpha = 1.0\n\n[[sweep.variants]]\nname = "gan"\ntrain_gan.iterations = 10\n\n'
+                    '[[sweep.variants]]\nname = "vq"\ntrain_gan.generator = "vqvae2"\ntrain_gan.alpha = 1.0\n\n'
+                    '[[sweep.variants]]\nname = "vq-unreset"\ntrain_gan.generator = "vqvae2"\n')
+    recipe = Recipe.load(path)
+    configs = {p.name.split(",")[0]: recipe.configs(p, tmp_path / "exp")["train_gan"] for p in recipe.points()}
+    assert {"alpha", "iterations"} <= configs["variant=gan"].given and "alpha" not in configs["variant=vq"].given
+    check_options(configs["variant=vq"], generator_kind("vqvae2"))
+    with pytest.raises(UserError, match="--alpha is not an option of generator kind vqvae2"):
+        check_options(configs["variant=vq-unreset"], generator_kind("vqvae2"))
+    assert "given" not in to_json(configs["variant=gan"])  # no config.json or fingerprint records it
 
 
 def test_code_replay_on_a_gan_experiment_is_refused_in_one_line(gan3_exp, tmp_path, cli):

@@ -21,12 +21,12 @@ from fedcli.fl.distributed.launch import spawn
 from fedcli.fl.distributed.rendezvous import claim_nodes
 from fedcli.fl.distributed.transport import TorchTransport
 from fedcli.fl.distributed.worker import joined, node_main
-from fedcli.gan import stage
+from fedcli.gan import node_training
 from fedcli.gan.kinds import generator_kind
 from fedcli.layout import SERIAL, gan_dir, inside
 from fedcli.locking import locked
 
-RANK_LOCAL = stage.RUN_LOCAL | {"device", "engine", "launch", "timeout", "lpips_weights", "fid_weights"}
+RANK_LOCAL = node_training.RUN_LOCAL | {"device", "engine", "launch", "timeout", "lpips_weights", "fid_weights"}
 
 
 def run(cfg: GanConfig, keep_finished: bool = False) -> list[dict]:
@@ -38,7 +38,7 @@ def run(cfg: GanConfig, keep_finished: bool = False) -> list[dict]:
     if cfg.sample_only:
         raise UserError(f"--sample-only re-samples per-node generators; a {kind.name} is trained serially with its "
                         "prior: drop --sample-only and re-run with --overwrite")
-    stage.check_options(cfg, kind)
+    node_training.check_options(cfg, kind)
     return launch(cfg, keep_finished) if cfg.launch == "local" else run_rank(cfg)
 
 
@@ -50,17 +50,17 @@ def launch(cfg: GanConfig, keep_finished: bool) -> list[dict]:
     nodes = manifest.node_names
     with locked(cfg.exp, [gan_dir(cfg.exp, node) for node in nodes]):
         if keep_finished:
-            kept = [summary for node in nodes if (summary := stage.finished(cfg, node)) is not None]
+            kept = [summary for node in nodes if (summary := node_training.finished(cfg, node)) is not None]
             if len(kept) == len(nodes):
                 return kept
             cfg = dataclasses.replace(cfg, overwrite=True)
-        stage.check_nodes_free(cfg, nodes, serial=True)
+        node_training.check_nodes_free(cfg, nodes, serial=True)
         ended = spawn(cfg, nodes, "fedcli.gan.distributed")
     if ended.failed:
         resumable = any(inside(cfg.exp, "gan", SERIAL).glob("after-*.safetensors"))
         raise UserError(ended.line(cfg.exp, cfg.timeout, "; the chain is checkpointed after the institutions that "
                                    "finished: rerun the same command to resume it" if resumable else ""))
-    return [stage.written(cfg, node) for node in nodes]
+    return [node_training.written(cfg, node) for node in nodes]
 
 
 def run_rank(cfg: GanConfig) -> list[dict]:
@@ -68,7 +68,7 @@ def run_rank(cfg: GanConfig) -> list[dict]:
     with joined(cfg, "train-gan: ") as (group, manifest, _, device):
         claim_nodes(group, manifest, {k: v for k, v in to_json(cfg).items() if k not in RANK_LOCAL}, "train-gan")
         with torch_threads(cfg.threads), locked(cfg.exp, [gan_dir(cfg.exp, manifest.own)]):
-            return stage.run_nodes(cfg, manifest, [manifest.own], False, TorchTransport(group, "train-gan"), device)
+            return node_training.run_nodes(cfg, manifest, [manifest.own], False, TorchTransport(group, "train-gan"), device)
 
 
 if __name__ == "__main__":

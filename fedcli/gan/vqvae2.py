@@ -13,7 +13,7 @@ Algorithm 1 leaves two things open; fedcli's choices:
   become E_k(x^r_j), so every code the chain hands on indexes the codebook it travels with. (Kept as they were,
   old codes would index codebook entries that have since moved.)
 - So the final decoder decodes every code: the last institution re-encodes all earlier codes and returns to
-  each node the final VQ-VAE-2 and its codes (fedcli/gan/stage.py writes them in the node's folder).
+  each node the final VQ-VAE-2 and its codes (fedcli/gan/node_training.py writes them in the node's folder).
 
 Each node then trains its own class-conditional prior on its codes (--prior-iterations; 0: none); its buffer
 is the prior's samples (synthetic), or without a prior its decoded codes (reconstructions of its real images).

@@ -189,7 +189,7 @@ class Recipe:
         configs = {}
         for table, config in STAGE_CLASSES.items():
             try:
-                configs[table] = config(exp=exp, **tables[table])
+                configs[table] = given(config(exp=exp, **tables[table]), table, tables, point)
             except UserError as exc:
                 where = f" (sub-experiment {point.name})" if point.name else ""
                 raise UserError(f"[{table}]{where} {exc}") from exc
@@ -199,6 +199,17 @@ class Recipe:
         """The [select] grid points that make a difference to `strategy`."""
         keys = [k for k in select_keys() if k in self.select and varies_for(k, strategy)]
         return [dict(zip(keys, combo)) for combo in itertools.product(*(self.select[k] for k in keys))]
+
+
+def given(cfg: Any, table: str, tables: dict[str, dict[str, Any]], point: Point) -> Any:
+    """`cfg` with its record of the options the sub-experiment's [table] gives (a config that keeps one): the
+    recipe's and its point's, less those its point sets back to their default, which it gives up (so a variant of
+    another generator kind can reset the base table's options that kind does not read)."""
+    if not hasattr(cfg, "given"):
+        return cfg
+    defaults = cfg.defaults()
+    reset = {name for t, name, value in point.values if t == table and value == getattr(defaults, name)}
+    return dataclasses.replace(cfg, given=frozenset(set(tables[table]) - reset))
 
 
 def check_point_name(point: Point, same: Point | None) -> None:

@@ -106,7 +106,7 @@ class Runner:
     def check_point(self, point: Point) -> None:
         """Partition the sub-experiment and refuse what its train-gan would refuse (a DP plan no noise can meet,
         options its generator kind does not read, ...) without training."""
-        from fedcli.gan.stage import preflight
+        from fedcli.gan.node_training import preflight
 
         cfgs, p_fp, there = self.partition(point, self.point_folder(point))
         if not there or not self.needs_generators(point, cfgs["federate"].strategy, False):

@@ -17,10 +17,19 @@ from fedcli.fl.strategies.base import ENSEMBLE, GLOBAL_TEST, LABELS, NODES, Decl
 EVAL = "eval"  # the transfer kind of models sent only to be tested on another node's test set
 
 
-class Registry:
-    """Declarations by name, in their declared order, with one meaning per option name."""
+ORDER = ("feder", "feder-a", "feder-b", "cyclic", "cwt", "cwt-replay", "splitnn", "fedreplay", "fedavg", "fedavg-share",
+         "fedprox", "fedbn", "fedavg-replay", "fedavgm", "fedadam", "fedmatch", "fedyogi", "fedperl", "fedadagrad",
+         "scaffold", "standalone", "central", "central-synthetic", "central-mixed")
+"""Every strategy's place in listings, help and the report's tables, in one list: FedER and its variants, the
+travelling and split methods, the averaging and few-labels families, the pooled references. A strategy module
+not named here is listed after them."""
 
-    def __init__(self):
+
+class Registry:
+    """Declarations by name, in `order`, with one meaning per option name."""
+
+    def __init__(self, order: tuple[str, ...] = ORDER):
+        self.order = order
         self._declared: dict[str, Declaration] = {}
         self._options: dict[str, tuple[dataclasses.Field, str]] = {}  # name -> (field, first declarer)
         self._types: dict[str, Any] = {}  # option name -> its type, resolved
@@ -39,7 +48,12 @@ class Registry:
                 self._options[field.name] = (field, declaration.name)
                 self._types[field.name] = typing.get_type_hints(declaration.options)[field.name]
         self._declared[declaration.name] = declaration
-        self._declared = dict(sorted(self._declared.items(), key=lambda item: item[1].order))
+        self._declared = dict(sorted(self._declared.items(), key=lambda item: self.place(item[0])))
+
+    def place(self, name: str) -> int:
+        """A strategy's place in listings: its index in `order`; one not listed there follows them all, in the
+        order it was added."""
+        return self.order.index(name) if name in self.order else len(self.order)
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._declared)

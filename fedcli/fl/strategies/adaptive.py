@@ -10,7 +10,7 @@ import torch
 
 from fedcli.fl.server_optimizers import ServerOptimizer
 from fedcli.fl.strategies.averaging import ServerAveraging
-from fedcli.fl.strategies.base import Declaration, flag, option
+from fedcli.fl.strategies.base import SERVER, Declaration, flag, option
 from fedcli.fl.strategies.server_options import server_lr
 
 if TYPE_CHECKING:
@@ -62,10 +62,11 @@ class AdaptiveAveraging(ServerAveraging):
 
 
 DECLARED = tuple(
-    Declaration(name, order, summary, lambda o, name=name: AdaptiveAveraging(name, o), options=options,
-                model_key="global", transfers=("all-reduce",), families=("federated",), semi_supervised=True, partial=True)
-    for name, order, options, summary in (
-        ("fedadam", 40, AdamOptions, "FedAdam: Adam on the server, the average as its pseudo-gradient"),
-        ("fedyogi", 41, YogiOptions, "FedYogi: Yogi on the server, the average as its pseudo-gradient"),
-        ("fedadagrad", 42, AdagradOptions, "FedAdagrad: Adagrad on the server, the average as its pseudo-gradient"),
+    Declaration(name, summary, lambda o, name=name: AdaptiveAveraging(name, o), options=options,
+                model_key="global", transfers=("all-reduce",), families=("federated",), semi_supervised=True, partial=True,
+                panel=SERVER)
+    for name, options, summary in (
+        ("fedadam", AdamOptions, "FedAdam: Adam on the server, the average as its pseudo-gradient"),
+        ("fedyogi", YogiOptions, "FedYogi: Yogi on the server, the average as its pseudo-gradient"),
+        ("fedadagrad", AdagradOptions, "FedAdagrad: Adagrad on the server, the average as its pseudo-gradient"),
     ))

@@ -171,10 +171,10 @@ def flat_updates(updates: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch
 
 
 DECLARED = (
-    Declaration("fedavg", 30, "FedAvg: the nodes' models averaged every round", lambda o: ServerAveraging("fedavg", o),
+    Declaration("fedavg", "FedAvg: the nodes' models averaged every round", lambda o: ServerAveraging("fedavg", o),
                 model_key="global", transfers=("all-reduce", SERVER_MODEL), families=("federated",),
                 bn_averaged=SHARED_STATISTICS, semi_supervised=True, partial=True),
-    Declaration("fedbn", 32, "FedBN: FedAvg with BatchNorm layers kept local",
+    Declaration("fedbn", "FedBN: FedAvg with BatchNorm layers kept local",
                 lambda o: ServerAveraging("fedbn", o, local_bn=True), transfers=("all-reduce",),
                 families=("federated",), semi_supervised=True, partial=True,
                 bn_averaged="the average: local statistics estimated under weights the last average moved"),

@@ -41,6 +41,12 @@ def flag(default: bool, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help, "select": False})
 
 
+REPLAY = "Replay (FedER, CWT+Replay, FedAvg+Replay)"  # the help panels of the strategies' options
+SPLIT = "Split models (SplitNN, FedReplay)"
+SERVER = "Server optimisers and FedProx"
+PEERS = "Peers (FedMatch, FedPerl)"
+
+
 @dataclasses.dataclass(frozen=True)
 class NoOptions:
     """A strategy without options of its own."""
@@ -51,7 +57,6 @@ class Declaration:
     """One strategy name and everything fedcli needs to know about it without running it."""
 
     name: str
-    order: int  # its place in listings, help and the report's tables
     summary: str  # one line for `federate --help`
     build: Callable[[Any], "Strategy"]  # options -> a fresh strategy
     options: type = NoOptions
@@ -71,6 +76,7 @@ class Declaration:
     semi_supervised: bool = False  # its nodes train through LocalTrainer.train on their own images: --ssl applies
     partial: bool = False  # --participation applies: a round may leave nodes out of training and the average
     fixmatch: bool = False  # always trains with FixMatch (--ssl fixmatch implied): its peers label unlabelled images
+    panel: str = "Strategy options"  # the `federate --help` panel of the options it declares first
 
     @property
     def distributed(self) -> bool:

@@ -35,7 +35,7 @@ from fedcli.fl.local import Batches
 from fedcli.fl.objectives import Supervised
 from fedcli.fl.payloads import decode_buffer, decode_codes, encode_codes
 from fedcli.fl.strategies.averaging import SHARED_STATISTICS
-from fedcli.fl.strategies.base import Declaration, option
+from fedcli.fl.strategies.base import REPLAY, Declaration, option
 from fedcli.fl.strategies.cwt import CyclicWeightTransfer, forgetting_option
 from fedcli.fl.strategies.fedavg_share import SharedDataAveraging
 from fedcli.fl.strategies.replay_options import BufferCodec, buffer_size, codec
@@ -156,15 +156,15 @@ class FedAvgReplay(ReplaysInBatches, SharedDataAveraging):
 
 
 DECLARED = (
-    Declaration("cwt-replay", 23, "CWT+Replay: CWT where every visit also trains on every node's decoded VQ-VAE-2 "
+    Declaration("cwt-replay", "CWT+Replay: CWT where every visit also trains on every node's decoded VQ-VAE-2 "
                 "codes (Qu et al.; train-gan --generator vqvae2)", CwtReplay, options=CwtReplayOptions,
                 model_key="global", transfers=(CODES, "buffer", "model"), needs_buffers=True,
                 families=("federated",), published=True, discloses=DISCLOSES, as_trained_on="real + replayed",
                 bn_averaged="the last node's: the statistics of the node the model visited last, not the evaluating "
-                "node's"),
-    Declaration("fedavg-replay", 33, "FedAvg+Replay: FedAvg where every node also trains on every node's decoded "
+                "node's", panel=REPLAY),
+    Declaration("fedavg-replay", "FedAvg+Replay: FedAvg where every node also trains on every node's decoded "
                 "VQ-VAE-2 codes (Qu et al.)", lambda o: FedAvgReplay("fedavg-replay", o), options=CodeReplayOptions,
                 model_key="global", transfers=(CODES, "buffer", "all-reduce"), needs_buffers=True,
                 families=("federated",), bn_averaged=SHARED_STATISTICS, discloses=DISCLOSES,
-                as_trained_on="real + replayed"),
+                as_trained_on="real + replayed", panel=REPLAY),
 )

@@ -30,7 +30,7 @@ from torch import nn
 from fedcli.fl.evaluate import predict
 from fedcli.fl.local import Batches
 from fedcli.fl.payloads import decode_model, encode_model
-from fedcli.fl.strategies.base import Declaration, Strategy, flag
+from fedcli.fl.strategies.base import REPLAY, Declaration, Strategy, flag
 
 if TYPE_CHECKING:
     from fedcli.fl.engine import Federation
@@ -156,9 +156,9 @@ class CyclicWeightTransfer(Strategy):
 
 
 DECLARED = (
-    Declaration("cwt", 22, "CWT: one model visits the nodes in a fixed order, floor(|D_k|/b) steps per epoch at "
+    Declaration("cwt", "CWT: one model visits the nodes in a fixed order, floor(|D_k|/b) steps per epoch at "
                 "each (Chang et al.)", lambda o: CyclicWeightTransfer(o), options=CwtOptions, model_key=KEY, transfers=("model",),
                 families=("federated",), published=True, semi_supervised=True,
                 bn_averaged="the last node's: the statistics of the node the model visited last, not the evaluating "
-                "node's"),
+                "node's", panel=REPLAY),
 )

@@ -50,7 +50,7 @@ class SharedDataAveraging(TrainsOnUnion, ServerAveraging):
 
 
 DECLARED = (
-    Declaration("fedavg-share", 31, "FedAvg+Share: FedAvg where every node also trains on a globally shared set of "
+    Declaration("fedavg-share", "FedAvg+Share: FedAvg where every node also trains on a globally shared set of "
                 "real images (Zhao et al.)", lambda o: SharedDataAveraging("fedavg-share", o), model_key="global",
                 transfers=(KIND, "all-reduce"), families=("federated",), bn_averaged=SHARED_STATISTICS,
                 needs_shared_set=True, discloses={KIND: "real training images of the shared set, with labels"}),

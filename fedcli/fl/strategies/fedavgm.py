@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedcli.fl.strategies.averaging import SHARED_STATISTICS, ServerAveraging
-from fedcli.fl.strategies.base import Declaration, option
+from fedcli.fl.strategies.base import SERVER, Declaration, option
 from fedcli.fl.strategies.server_options import server_lr
 
 if TYPE_CHECKING:
@@ -54,8 +54,8 @@ class FedAvgM(ServerAveraging):
 
 
 DECLARED = (
-    Declaration("fedavgm", 35, "FedAvgM: FedAvg with server momentum on the averaged update",
+    Declaration("fedavgm", "FedAvgM: FedAvg with server momentum on the averaged update",
                 lambda o: FedAvgM("fedavgm", o), options=MomentumOptions, model_key="global",
                 transfers=("all-reduce",), families=("federated",), bn_averaged=SHARED_STATISTICS,
-                semi_supervised=True, partial=True),
+                semi_supervised=True, partial=True, panel=SERVER),
 )

@@ -9,7 +9,7 @@ from torch import nn
 
 from fedcli.fl.objectives import Batch, Objective, Supervised, Wrapped
 from fedcli.fl.strategies.averaging import SERVER_MODEL, SHARED_STATISTICS, ServerAveraging
-from fedcli.fl.strategies.base import Declaration, option
+from fedcli.fl.strategies.base import SERVER, Declaration, option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +43,8 @@ class FedProx(ServerAveraging):
 
 
 DECLARED = (
-    Declaration("fedprox", 31, "FedProx: FedAvg with a proximal term towards the global model",
+    Declaration("fedprox", "FedProx: FedAvg with a proximal term towards the global model",
                 lambda o: FedProx("fedprox", o), options=ProxOptions, model_key="global",
-                transfers=("all-reduce", SERVER_MODEL), families=("federated",), bn_averaged=SHARED_STATISTICS, semi_supervised=True, partial=True),
+                transfers=("all-reduce", SERVER_MODEL), families=("federated",), bn_averaged=SHARED_STATISTICS, semi_supervised=True, partial=True,
+                panel=SERVER),
 )

@@ -49,7 +49,7 @@ from fedcli.errors import UserError
 from fedcli.fl.local import Batches, LatentBatches, LocalSettings
 from fedcli.fl.objectives import Batch, Supervised, Wrapped
 from fedcli.fl.payloads import decode_features, decode_model, encode_features, encode_model
-from fedcli.fl.strategies.base import Declaration, Strategy, option
+from fedcli.fl.strategies.base import SPLIT, Declaration, Strategy, option
 from fedcli.fl.strategies.split_options import Cut, cut, node as node_option, server_node
 from fedcli.models.cuts import cut_shape, split
 
@@ -322,11 +322,11 @@ class FedReplay(Strategy):
 
 
 DECLARED = (
-    Declaration("fedreplay", 26, "FedReplay: one node's trained bottom becomes a frozen shared encoder; every node "
+    Declaration("fedreplay", "FedReplay: one node's trained bottom becomes a frozen shared encoder; every node "
                 "uploads its latents once and the server trains the head on their union (Qu et al.)",
                 lambda o: FedReplay(o), options=ReplayEncoderOptions, model_key=KEY, transfers=("model", LATENTS),
                 families=("federated",), published=True,
                 discloses={LATENTS: "latents of every training image, with labels"},
                 bn_averaged="the encoder node's below the cut (frozen), the union of every node's latents above it "
-                "(the server's head)"),
+                "(the server's head)", panel=SPLIT),
 )

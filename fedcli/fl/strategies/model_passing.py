@@ -17,7 +17,7 @@ from fedcli.data.tensor_source import TensorSource
 from fedcli.fl import topology
 from fedcli.fl.objectives import Supervised
 from fedcli.fl.payloads import decode_model, encode_model
-from fedcli.fl.strategies.base import Declaration, NoOptions, Strategy
+from fedcli.fl.strategies.base import REPLAY, Declaration, NoOptions, Strategy
 from fedcli.fl.strategies.replay_options import ReplayOptions, SyntheticReplayOptions
 
 if TYPE_CHECKING:
@@ -80,19 +80,20 @@ class ModelPassing(Strategy):
 
 
 DECLARED = (
-    Declaration("feder", 10, "FedER: models and synthetic buffers travel a random ring; real images replay the "
+    Declaration("feder", "FedER: models and synthetic buffers travel a random ring; real images replay the "
                 "received buffer", lambda o: ModelPassing("feder", o, True, False, "random"),
                 options=ReplayOptions, transfers=("model", "buffer"), needs_buffers=True,
                 families=("baselines", "convergence", "federated", "variants"), as_trained_on=REAL_AND_RECEIVED,
-                semi_supervised=True),
-    Declaration("feder-a", 11, "FedER-A: only buffers travel; each node keeps its own model",
+                semi_supervised=True, panel=REPLAY),
+    Declaration("feder-a", "FedER-A: only buffers travel; each node keeps its own model",
                 lambda o: ModelPassing("feder-a", o, False, False, "random"), options=ReplayOptions,
                 transfers=("buffer",), needs_buffers=True, own_architectures=True, families=("variants",),
-                as_trained_on=REAL_AND_RECEIVED, semi_supervised=True),
-    Declaration("feder-b", 12, "FedER-B: models travel; training on synthetic images only (own and received "
+                as_trained_on=REAL_AND_RECEIVED, semi_supervised=True, panel=REPLAY),
+    Declaration("feder-b", "FedER-B: models travel; training on synthetic images only (own and received "
                 "buffer)", lambda o: ModelPassing("feder-b", o, True, True, "random"), options=SyntheticReplayOptions,
                 transfers=("model", "buffer"), needs_buffers=True, families=("variants",),
-                as_trained_on="own + received buffer"),
-    Declaration("cyclic", 20, "cyclic weight transfer: models travel a fixed ring, no buffers",
-                lambda o: ModelPassing("cyclic", o, True, False, "fixed"), transfers=("model",), semi_supervised=True),
+                as_trained_on="own + received buffer", panel=REPLAY),
+    Declaration("cyclic", "cyclic weight transfer: models travel a fixed ring, no buffers",
+                lambda o: ModelPassing("cyclic", o, True, False, "fixed"), transfers=("model",), semi_supervised=True,
+                panel=REPLAY),
 )

@@ -55,7 +55,7 @@ from fedcli.fl.objectives import Objective
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.peer_teaching import PeerFixMatch
 from fedcli.fl.strategies.averaging import SERVER_MODEL, SHARED_STATISTICS, ServerAveraging
-from fedcli.fl.strategies.base import Declaration, flag, option
+from fedcli.fl.strategies.base import PEERS, Declaration, flag, option
 from fedcli.fl.strategies.split_options import server_node
 from fedcli.rng import torch_stream
 
@@ -293,11 +293,12 @@ def fedperl(options: PerlOptions) -> PeerLearning:
 PEER_FACTS = dict(model_key="global", families=("federated",), bn_averaged=SHARED_STATISTICS, semi_supervised=True,
                   fixmatch=True, partial=True)
 DECLARED = (
-    Declaration("fedmatch", 40, "FedMatch: SSFL whose nodes also learn from helpers chosen by their outputs on one "
+    Declaration("fedmatch", "FedMatch: SSFL whose nodes also learn from helpers chosen by their outputs on one "
                 "random image (labels by agreement, KL consistency; no weight decomposition)", fedmatch,
-                options=PeerOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED, SERVER_MODEL), **PEER_FACTS),
-    Declaration("fedperl", 41, "FedPerl: SSFL whose nodes also learn from the T peers most similar in their "
+                options=PeerOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED, SERVER_MODEL), **PEER_FACTS,
+                panel=PEERS),
+    Declaration("fedperl", "FedPerl: SSFL whose nodes also learn from the T peers most similar in their "
                 "weights' statistics (mean-of-softmax labels, MSE consistency; --anonymize, --policy)", fedperl,
                 options=PerlOptions, transfers=("all-reduce", PEER_MODEL, ANONYMISED, PEER_CHECK, SERVER_MODEL),
-                **PEER_FACTS),
+                **PEER_FACTS, panel=PEERS),
 )

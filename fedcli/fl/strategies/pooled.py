@@ -51,18 +51,18 @@ class Pooled(Strategy):
         return dict(self.trained)
 
 
-def central(name: str, order: int, summary: str, real: bool, synthetic: bool, as_trained_on: str) -> Declaration:
-    return Declaration(name, order, summary, lambda o: Pooled(name, o, real, synthetic, per_node=False),
+def central(name: str, summary: str, real: bool, synthetic: bool, as_trained_on: str) -> Declaration:
+    return Declaration(name, summary, lambda o: Pooled(name, o, real, synthetic, per_node=False),
                        options=PooledBufferOptions if synthetic else NoOptions, model_key=CENTRAL,
                        needs_buffers=synthetic, pooled=True, families=("baselines",), as_trained_on=as_trained_on)
 
 
 DECLARED = (
-    Declaration("standalone", 60, "each node trains alone on its own images",
+    Declaration("standalone", "each node trains alone on its own images",
                 lambda o: Pooled("standalone", o, real=True, synthetic=False, per_node=True), own_architectures=True,
                 families=("baselines", "convergence"), semi_supervised=True, partial=True),
-    central("central", 70, "centralized: every node's real images pooled", True, False, "pooled real"),
-    central("central-synthetic", 71, "centralized on every node's synthetic buffer", False, True, "pooled buffers"),
-    central("central-mixed", 72, "centralized on every node's real images and buffers", True, True,
+    central("central", "centralized: every node's real images pooled", True, False, "pooled real"),
+    central("central-synthetic", "centralized on every node's synthetic buffer", False, True, "pooled buffers"),
+    central("central-mixed", "centralized on every node's real images and buffers", True, True,
             "pooled real + buffers"),
 )

@@ -77,7 +77,7 @@ class Scaffold(ServerAveraging):
 
 
 DECLARED = (
-    Declaration("scaffold", 50, "Scaffold: FedAvg with control variates correcting each node's drift",
+    Declaration("scaffold", "Scaffold: FedAvg with control variates correcting each node's drift",
                 lambda o: Scaffold("scaffold", o), model_key="global", transfers=("all-reduce",),
                 families=("federated",), semi_supervised=True),
 )

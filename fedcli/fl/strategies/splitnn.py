@@ -29,7 +29,7 @@ from fedcli.fl.local import Batches, batch_bounds, primary_per_epoch
 from fedcli.fl.objectives import Batch
 from fedcli.fl.payloads import decode_model, encode_model
 from fedcli.fl.split_training import Link, train_split
-from fedcli.fl.strategies.base import Declaration
+from fedcli.fl.strategies.base import SPLIT, Declaration
 from fedcli.fl.strategies.cwt import KEY, CyclicWeightTransfer
 from fedcli.fl.strategies.split_options import Cut, cut, server_node
 from fedcli.models.cuts import cut_shape, split
@@ -127,11 +127,11 @@ def first_recorded(batches: Batches, record) -> Iterator[Batch]:
 
 
 DECLARED = (
-    Declaration("splitnn", 24, "SplitNN, peer to peer: the nodes take turns training the bottom of the cut network "
+    Declaration("splitnn", "SplitNN, peer to peer: the nodes take turns training the bottom of the cut network "
                 "with the server's top, activations and gradients per batch (Vepakomma et al.)",
                 lambda o: SplitLearning(o), options=SplitOptions, model_key=KEY,
                 transfers=("model", "activations", "gradients"), families=("federated",), published=True,
                 discloses={"activations": "cut-layer activations of every batch, with labels"},
                 bn_averaged="the last node's below the cut (its bottom's statistics), every node's batches above it "
-                "(the server's top)"),
+                "(the server's top)", panel=SPLIT),
 )
