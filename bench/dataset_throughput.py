@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from fedcli.config import PartitionConfig
 from fedcli.data.dataset import NodeDataset
 from fedcli.data.partition import run
-from fedcli.fl.strategies import REGISTRY
+from fedcli.experiment.config import PartitionConfig
+from fedcli.federate.strategies import REGISTRY
 
 REPEATS = 5
 

@@ -26,12 +26,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fedcli.config import GanConfig, PartitionConfig
 from fedcli.data import partition
-from fedcli.fl import stage
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.strategies import REGISTRY
-from fedcli.gan import stage as gan_stage
+from fedcli.experiment.config import PartitionConfig
+from fedcli.federate import stage
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies import REGISTRY
+from fedcli.generators import stage as gan_stage
+from fedcli.generators.config import GanConfig
 
 ROUNDS, STRATEGIES = 10, ("feder", "feder-a", "fedavg")
 

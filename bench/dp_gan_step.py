@@ -15,11 +15,11 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from fedcli.gan import private
-from fedcli.gan.fid import FeatureSpace
-from fedcli.gan.networks import Architecture
-from fedcli.gan.perceptual import Perceptual
-from fedcli.gan.train import GanTrainer, TrainSettings
+from fedcli.generators import private
+from fedcli.generators.fid import FeatureSpace
+from fedcli.generators.perceptual import Perceptual
+from fedcli.generators.stylegan2.networks import Architecture
+from fedcli.generators.stylegan2.train import GanTrainer, TrainSettings
 
 IMAGES, BATCH, STEPS = 479, 32, 24  # r1_every = 4: 6 R1 steps in 24
 ARCH = Architecture(resolution=16, channels=1, num_classes=10, z_dim=64, w_dim=64, channel_base=512, channel_max=64)

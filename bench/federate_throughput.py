@@ -26,16 +26,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedcli.config import GanConfig, PartitionConfig
+from fedcli.comm.payloads import encode_buffer, encode_model
 from fedcli.data import partition
 from fedcli.data.dataset import to_float
 from fedcli.data.loading import digit_images
-from fedcli.fl import engine, stage
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.payloads import encode_buffer, encode_model
-from fedcli.fl.runs import load_buffer
-from fedcli.fl.strategies import REGISTRY
-from fedcli.gan import stage as gan_stage
+from fedcli.experiment.config import PartitionConfig
+from fedcli.federate import engine, stage
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategy_runs import load_buffer
+from fedcli.generators import stage as gan_stage
+from fedcli.generators.config import GanConfig
 from fedcli.models.classifier import build_classifier
 
 SHARED_NPZ = Path(__file__).resolve().parents[2] / "shared" / "data" / "medmnist" / "pneumoniamnist.npz"

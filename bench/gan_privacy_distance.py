@@ -17,10 +17,10 @@ import torch
 
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
-from fedcli.gan.networks import Architecture
-from fedcli.gan.perceptual import Perceptual
-from fedcli.gan.kinds import load_generator
-from fedcli.layout import GENERATOR, GENERATOR_PHASE1
+from fedcli.experiment.paths import GENERATOR, GENERATOR_PHASE1
+from fedcli.generators.perceptual import Perceptual
+from fedcli.generators.registry import load_generator
+from fedcli.generators.stylegan2.networks import Architecture
 
 SAMPLES = 512
 

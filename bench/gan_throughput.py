@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fedcli.gan import losses
-from fedcli.replay.buffer import sample_buffer
-from fedcli.gan.fid import FeatureSpace
-from fedcli.gan.networks import Architecture, Generator
-from fedcli.gan.perceptual import Perceptual
-from fedcli.gan.train import GanTrainer, TrainSettings
+from fedcli.generators import losses
+from fedcli.generators.buffer import sample_buffer
+from fedcli.generators.fid import FeatureSpace
+from fedcli.generators.perceptual import Perceptual
+from fedcli.generators.stylegan2.networks import Architecture, Generator
+from fedcli.generators.stylegan2.train import GanTrainer, TrainSettings
 
 STEPS = 20
 # FID is not timed here; the trainer only needs a feature space for its real statistics
@@ -116,13 +116,13 @@ def bench_fidelity(source: list[str], iterations: int, every: int) -> None:
     from typer.testing import CliRunner
 
     from fedcli.cli import app
-    from fedcli.config import GanConfig
+    from fedcli.generators.config import GanConfig
     from fedcli.data.dataset import NodeDataset, to_float
     from fedcli.data.manifest import Manifest
     from fedcli.data.tensor_source import TensorSource
-    from fedcli.gan import fidelity
-    from fedcli.gan.stylegan2 import architecture, settings
-    from fedcli.rng import stream_seed
+    from fedcli.generators import fidelity
+    from fedcli.generators.stylegan2.kind import architecture, settings
+    from fedcli.core.rng import stream_seed
 
     with tempfile.TemporaryDirectory() as tmp:
         exp = Path(tmp) / "exp"

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from fedcli.audit.projection import ProjectionSettings, project
 from fedcli.data.sources.digits import load_digit_images
-from fedcli.gan.networks import Architecture, Generator, class_mean_w
-from fedcli.gan.perceptual import Perceptual
+from fedcli.generators.perceptual import Perceptual
+from fedcli.generators.stylegan2.networks import Architecture, Generator, class_mean_w
 
 STEPS = 100
 IMAGES = 32

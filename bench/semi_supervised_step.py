@@ -9,7 +9,8 @@
 2. A FedPerl round (T = 2 peers, FedPerl's code regime: b = 16, mu = 1): `federate --strategy fedperl` against a
    bare loop with the same steps (each node: FixMatch with its peers' mean-of-softmax labels and the MSE term,
    then a plain average; peers chosen from the models' parameter statistics). Both evaluate nothing but round 0
-   and the last round, which fedcli's time includes (bootstrap 10); best of two runs each, interleaved. Also the similarity step (describe every
+   and the last round, which fedcli's time includes (bootstrap 10); best of two runs each, interleaved. Also the
+   similarity step (describe every
    node's model, the similarity matrix, each node's top T), timed alone, as a share of fedcli's round: goal under
    1%. And FedPerl's round against SSFL's, both fedcli: what the peers cost.
 Run: .venv/bin/python bench/semi_supervised_step.py
@@ -25,16 +26,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fedcli.config import PartitionConfig
 from fedcli.data import partition
 from fedcli.data.dataset import augment_batch, to_float
 from fedcli.data.fixmatch_augment import strong_view, weak_view
 from fedcli.data.loading import digit_images
-from fedcli.fl import engine, peers, stage
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.fixmatch import FixMatchSettings
-from fedcli.fl.strategies import REGISTRY
+from fedcli.experiment.config import PartitionConfig
+from fedcli.federate import engine, stage
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies import REGISTRY, peers
 from fedcli.models.classifier import build_classifier
+from fedcli.training.fixmatch import FixMatchSettings
 
 NODES, BATCH, MU, STEPS = 5, 16, 7, 30
 ROUNDS, PEERS, PERL_MU, PERL_STEPS = 3, 2, 1, 30

@@ -2,11 +2,12 @@
 
 Per node of a partitioned experiment: phase 1 exactly as train-gan trains it (the recipe's [train_gan]
 table, the same keyed streams and FID checks), run to its iteration cap; every checked snapshot's buffer
-is sampled and scored as train-gan scores the standard generator's (gan/fidelity.py, the same
+is sampled and scored as train-gan scores the standard generator's (generators/fidelity.py, the same
 classifier seeds, so the kept snapshot's number is train-gan's `ratio 1`), and read by `--select
 fidelity`'s judge (its classifier on the node's training images, per class: `recalls`). The trace is then
 read by the rule before issue 31 (the lowest single FID, patience counted from it) and by each rule of
-fedcli/gan/selection.py, at the recipe's patience and (`RULE-to-cap`) with no early stop: training until a
+fedcli/generators/stylegan2/selection.py, at the recipe's patience and (`RULE-to-cap`) with no early stop: training
+until a
 rule stops is the same for every rule, so each rule's kept snapshot is one of these. Prints per node the
 kept iteration and fidelity ratio of each rule and the best ratio in hindsight; `--json` writes them with the
 whole trace. `--reuse` takes the ratios from an earlier `--json` file instead of scoring them again (phase 1
@@ -29,16 +30,16 @@ from pathlib import Path
 
 import torch
 
+from fedcli.core.rng import stream_seed, torch_stream
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
-from fedcli.gan import fidelity
-from fedcli.gan.networks import Generator
-from fedcli.gan.selection import SELECT_RULES, SnapshotSelection
-from fedcli.gan.stylegan2 import StyleGan2, architecture, node_feature_space, settings
-from fedcli.gan.train import GanTrainer, standard_phase
+from fedcli.generators import fidelity
+from fedcli.generators.stylegan2.kind import StyleGan2, architecture, node_feature_space, settings
+from fedcli.generators.stylegan2.networks import Generator
+from fedcli.generators.stylegan2.selection import SELECT_RULES, SnapshotSelection
+from fedcli.generators.stylegan2.train import GanTrainer, standard_phase
 from fedcli.pipeline.recipe import Point, Recipe
-from fedcli.rng import stream_seed, torch_stream
 
 
 def lowest_single_fid(trace: list[tuple[int, float]], patience: int, every: int) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """The generative-replay study's federations: what SplitNN's per-batch exchange costs, and the bytes per epoch of
 every strategy of issue 32 against FedAvg's.
 
-1. SplitNN's exchange: one node's E epochs of split training (fl/split_training.py) with the activations and
+1. SplitNN's exchange: one node's E epochs of split training (training/split.py) with the activations and
    gradients serialized, sent, validated and deserialized through the in-process transport every batch, against
    the same network trained whole by the local loop on the same batches (the same optimiser steps), and against
    split training whose node is the server (the same two optimisers, no serialization). Ratio = split / whole.
@@ -22,17 +22,17 @@ from pathlib import Path
 
 import torch
 
-from fedcli.config import PartitionConfig
+from fedcli.comm.transport import InProcessTransport
 from fedcli.data import partition
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl import engine
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.local import Batches, LocalSettings, batch_bounds, train_local
-from fedcli.fl.split_training import Link, train_split
-from fedcli.fl.strategies import EVAL, REGISTRY
-from fedcli.fl.transport import InProcessTransport
+from fedcli.experiment.config import PartitionConfig
+from fedcli.federate import engine
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies import EVAL, REGISTRY
 from fedcli.models.classifier import build_classifier
 from fedcli.models.cuts import cut_shape, split
+from fedcli.training.local import Batches, LocalSettings, batch_bounds, train_local
+from fedcli.training.split import Link, train_split
 
 REPEATS = 3
 STRATEGIES = ("fedavg", "cwt", "splitnn", "fedreplay", "fedavg-share")
@@ -62,7 +62,7 @@ def exchange_cost(architecture: str) -> None:
         train_local(copy.deepcopy(model), batches(), settings)
 
     def split_run(server: str):
-        transport = InProcessTransport()
+        transport = InProcessTransport(REGISTRY.transfer_kinds())
         bottom, top = split(copy.deepcopy(model), architecture, "stem")
         link = Link(transport, 1, "node", server, cut_shape(bottom, (1, 32, 32)), 2)
         train_split(bottom, top, batches(), steps, settings, link)

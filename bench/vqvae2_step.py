@@ -28,13 +28,14 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from fedcli.config import GanConfig
-from fedcli.gan import private
-from fedcli.gan.code_prior import PriorArchitecture
-from fedcli.gan.vqvae2 import VqGenerator, train_prior, train_prior_private, train_vqvae, train_vqvae_private
-from fedcli.rng import torch_stream
-from fedcli.vqvae.codes import NodeCodes
-from fedcli.vqvae.networks import VqArchitecture, VqVae2, loss
+from fedcli.core.rng import torch_stream
+from fedcli.generators import private
+from fedcli.generators.config import GanConfig
+from fedcli.generators.vqvae2.codes import NodeCodes
+from fedcli.generators.vqvae2.kind import (VqGenerator, train_prior, train_prior_private, train_vqvae,
+                                           train_vqvae_private)
+from fedcli.generators.vqvae2.networks import VqArchitecture, VqVae2, loss
+from fedcli.generators.vqvae2.prior import PriorArchitecture
 
 REPEATS = 3
 STEPS = 60

@@ -22,19 +22,19 @@ import pandas as pd
 import torch
 from torch import nn
 
-from fedcli.artifact_kinds import load_module
-from fedcli.artifacts import read_json, write_csv
-from fedcli.config import architectures
+from fedcli.core.devices import resolve_device
+from fedcli.core.errors import UserError
 from fedcli.data.imagefiles import IMAGE_SUFFIXES, BadImageError, decode_image, is_image_file, native_pixels
 from fedcli.data.loading import CHUNK, resize, to_channels
 from fedcli.data.manifest import Manifest
-from fedcli.devices import resolve_device
-from fedcli.errors import UserError
-from fedcli.fl.evaluate import predict
-from fedcli.fl.runs import check_node_names
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.base import ENSEMBLE
-from fedcli.layout import federate_dir
+from fedcli.experiment.artifact_kinds import load_module
+from fedcli.experiment.artifacts import read_json, write_csv
+from fedcli.experiment.config import architectures
+from fedcli.experiment.paths import federate_dir
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategies.base import ENSEMBLE
+from fedcli.federate.strategy_runs import check_node_names
+from fedcli.metrics.scores import predict
 from fedcli.models.classifier import build_classifier
 from fedcli.predict_scoring import class_groups, folder_labels, grouped, scores
 

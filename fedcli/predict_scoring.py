@@ -4,7 +4,7 @@ benign): the model's classes merged into groups, and the predictions scored agai
 - `--group NAME=CLASS+CLASS`: each of the model's classes in exactly one group; a group's probability is the sum
   of its classes', the predicted group the most probable (ties to the group given first).
 - `--labels-from-folders`: an image's label is the first folder of its path under --data-dir (`benign/x.jpg`),
-  a group's name with --group, else a class name. The scores are evaluation's metrics (fl/evaluate.py) with their
+  a group's name with --group, else a class name. The scores are evaluation's metrics (metrics/scores.py) with their
   bootstrap 95% intervals (1,000 resamples keyed by the seed 0 and the folder's name); with two groups the first
   given is the positive one (sensitivity, specificity).
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fedcli.errors import UserError
-from fedcli.fl.evaluate import evaluate, resample_counts
+from fedcli.core.errors import UserError
+from fedcli.metrics.scores import evaluate, resample_counts
 
 RESAMPLES = 1000
 

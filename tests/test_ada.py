@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fedcli.gan import ada
+from fedcli.generators.stylegan2 import ada
 
 GEOMETRIC = ("xflip", "rot90", "xint", "scale", "rotate", "aniso", "xfrac")
 COLOUR_ONLY = ("hue", "saturation")

@@ -1,4 +1,4 @@
-"""Ding et al.'s adaptive binning (fl/adaptive_bins.py) against golden AECE and AMCE from FedPerl's shipped
+"""Ding et al.'s adaptive binning (metrics/adaptive_bins.py) against golden AECE and AMCE from FedPerl's shipped
 `AdaptiveBinning.py` (tbdair/FedPerlV1.0 at b66b7c3^, code/utils), run on the inputs built here and pinned. On the
 short-last-bin input the shipped code returns an AECE of -16.66 (its extraction uses the last bin's size for
 every bin); the golden values there are the shipped code's with each bin's own size in that one place."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedcli.fl.adaptive_bins import adaptive_bins
-from fedcli.fl.evaluate import metric_values
+from fedcli.metrics.adaptive_bins import adaptive_bins
+from fedcli.metrics.scores import metric_values
 
 
 def typical(rounded: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from conftest import Cli, copy_exp, record_case, write_png
-from fedcli.artifact_kinds import kind_of
-from fedcli.artifacts import METADATA_KEY, parse_tensors, sha256_bytes, sha256_file, tensor_bytes
 from fedcli.data.manifest import content_hash
+from fedcli.experiment.artifact_kinds import kind_of
+from fedcli.experiment.artifacts import METADATA_KEY, parse_tensors, sha256_bytes, sha256_file, tensor_bytes
 from fedcli.pipeline.ledger import Ledger
 from test_run import recipe, statuses
 
@@ -60,7 +60,7 @@ def test_every_file_under_the_experiment_belongs_to_a_registered_kind_and_is_rec
     assert {"federate/cv/fedavg/fold0/models/global.safetensors", "predict/fedavg_global.csv", ".fedcli-run.json",
             "report/report.md", "audit/node1/summary.json", "gan/node0/buffer.safetensors"} <= set(found)
     unregistered = [rel for rel, link in found.items() if kind_of(rel, link) is None]
-    assert not unregistered, f"register these in fedcli/artifact_kinds.py: {unregistered}"
+    assert not unregistered, f"register these in fedcli/experiment/artifact_kinds.py: {unregistered}"
     for rel, link in found.items():  # what the registry says a stage records, that stage recorded
         if kind_of(rel, link).recorded:
             config = next(p / "config.json" for p in (exp / rel).parents if (p / "config.json").is_file())

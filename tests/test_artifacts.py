@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from fedcli.artifacts import atomic_write_bytes, load_tensors, save_tensors, staged_output
+from fedcli.core.errors import UserError
+from fedcli.core.rng import numpy_stream, stream_seed, torch_stream
 from fedcli.data.manifest import Manifest
-from fedcli.errors import UserError
-from fedcli.rng import numpy_stream, stream_seed, torch_stream
+from fedcli.experiment.artifacts import atomic_write_bytes, load_tensors, save_tensors, staged_output
 
 
 def test_atomic_write_replaces_whole_files(tmp_path):

@@ -15,16 +15,16 @@ from dataclasses import replace
 
 from fedcli.audit import controls, effects, scores
 from fedcli.audit.projection import ProjectionSettings, project
-from fedcli.audit.stage import (Audited, buffer_attack, check_inputs, distances_to_buffer, summarize,
-                                tiny_node_control, verdict)
-from fedcli.config import AuditConfig
+from fedcli.audit.stage import (Audited, buffer_attack, check_inputs, distances_to_buffer, summarize, tiny_node_control,
+                                verdict)
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.data.sources.digits import load_digit_images
-from fedcli.gan.kinds import recorded_kind
-from fedcli.gan.networks import Architecture, Generator, class_mean_w
-from fedcli.gan.perceptual import Perceptual
-from fedcli.replay.groups import matched_groups
+from fedcli.experiment.config import AuditConfig
+from fedcli.generators.groups import matched_groups
+from fedcli.generators.perceptual import Perceptual
+from fedcli.generators.registry import recorded_kind
+from fedcli.generators.stylegan2.networks import Architecture, Generator, class_mean_w
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +79,8 @@ def test_a_generator_that_ignores_the_data_gives_chance_auroc(perceptual):
 
 
 def test_projection_recovers_an_image_the_generator_made(perceptual, tmp_path_factory):
-    from fedcli.gan.kinds import load_generator
-    from fedcli.layout import GENERATOR, gan_dir
+    from fedcli.generators.registry import load_generator
+    from fedcli.experiment.paths import GENERATOR, gan_dir
 
     exp = tiny_gan_exp(tmp_path_factory, nodes=2)
     config = json.loads((gan_dir(exp, "node0") / "config.json").read_text())

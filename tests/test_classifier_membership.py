@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedcli.audit import classifier_membership as cm
+from fedcli.core.devices import torch_threads
+from fedcli.core.rng import numpy_stream, torch_stream
 from fedcli.data.dataset import to_float
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
-from fedcli.devices import torch_threads
-from fedcli.replay.groups import complementary_halves
-from fedcli.rng import numpy_stream, torch_stream
+from fedcli.generators.groups import complementary_halves
 
 POOL = 40  # members, and as many non-members
 CLASSES = 2

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from fedcli.data.manifest import Manifest
-from fedcli.fl import engine
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.local import LocalSettings
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.cwt import full_batches
-from fedcli.fl.trainer import LocalTrainer
+from fedcli.federate import engine
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategies.cwt import full_batches
+from fedcli.training.local import LocalSettings
+from fedcli.training.settings import LocalTrainer
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_a_node_smaller_than_a_batch_trains_one_batch_of_all_its_images(exp):
 
 def test_forgetting_scores_every_node_s_training_data_after_each_visit_of_the_last_cycle(exp, cli, tmp_path):
     from conftest import copy_exp
-    from fedcli.fl.evaluate import predict
+    from fedcli.metrics.scores import predict
     from fedcli.report import skew_study
     from fedcli.report.collect import load_experiment
 
@@ -115,7 +115,7 @@ def test_forgetting_scores_every_node_s_training_data_after_each_visit_of_the_la
 
 def test_the_forgetting_scores_survive_a_resume_after_the_last_round(exp, tmp_path):
     from conftest import copy_exp
-    from fedcli.fl import stage
+    from fedcli.federate import stage
 
     run = dict(strategy=("cwt",), forgetting=True, rounds=2, epochs=1, init_epochs=0, batch=48, bootstrap=20,
                threads=1)

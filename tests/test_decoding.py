@@ -15,13 +15,13 @@ import torch
 from PIL import Image
 
 from conftest import one_clean_line, record_case
-from fedcli.artifacts import write_json
+from fedcli.core.errors import UserError
 from fedcli.data.dataset import NodeDataset
 from fedcli.data.imagefiles import BadImageError, decode_image, open_image
 from fedcli.data.loading import load_images
 from fedcli.data.manifest import Manifest, content_hash, manifest_path
 from fedcli.data.pixelscale import Scale, automatic, deep_pixels
-from fedcli.errors import UserError
+from fedcli.experiment.artifacts import write_json
 from fedcli.predict import decode
 
 RAMP16 = np.linspace(0, 65535, 48 * 48).round().astype(np.uint16).reshape(48, 48)

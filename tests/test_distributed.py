@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 
 from conftest import copy_exp, make_folders
-from fedcli.artifacts import read_json
+from fedcli.core.errors import UserError
 from fedcli.data.manifest import Manifest
-from fedcli.errors import UserError
+from fedcli.experiment.artifacts import read_json
 
 DISTRIBUTED = ["--engine", "distributed", "--launch", "local"]
 ONE_THREAD = ["--threads", "1"]  # CPU results depend on the thread count: fix it in both engines
@@ -48,7 +48,7 @@ def worker_pids(exp: Path) -> dict[int, int]:
             environ = dict(item.split(b"=", 1) for item in (entry / "environ").read_bytes().split(b"\0") if b"=" in item)
         except OSError:
             continue
-        if b"fedcli.fl.distributed.worker" in command and environ.get(b"FEDCLI_TEST_RUN") == str(exp).encode():
+        if b"fedcli.federate.node" in command and environ.get(b"FEDCLI_TEST_RUN") == str(exp).encode():
             found[int(environ[b"RANK"])] = int(entry.name)
     return found
 
@@ -103,7 +103,7 @@ def test_a_killed_node_stops_the_others_and_either_engine_resumes_to_the_same_me
 OPEN_HOOK = '''
 import os, sys
 _log = os.environ.get("FEDCLI_TEST_OPEN_LOG")
-if _log and "fedcli.fl.distributed.worker" in sys.orig_argv:
+if _log and "fedcli.federate.node" in sys.orig_argv:
     _fd = os.open(f"{_log}.{os.environ.get('RANK', 'x')}", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 
     def _hook(event, args):

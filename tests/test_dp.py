@@ -15,11 +15,11 @@ from scipy.optimize import minimize_scalar
 
 from conftest import TINY_GAN, Cli
 from fedcli.audit import effects
-from fedcli.errors import UserError
-from fedcli.gan import private
-from fedcli.gan.networks import Architecture, Discriminator
-from fedcli.gan.perceptual import Perceptual
-from fedcli.gan.train import GanTrainer, TrainSettings, build_networks
+from fedcli.core.errors import UserError
+from fedcli.generators import private
+from fedcli.generators.perceptual import Perceptual
+from fedcli.generators.stylegan2.networks import Architecture, Discriminator
+from fedcli.generators.stylegan2.train import GanTrainer, TrainSettings, build_networks
 
 ARCH = Architecture(resolution=16, channels=1, num_classes=10, z_dim=16, w_dim=16, channel_base=128, channel_max=16)
 _PP = TINY_GAN.index("--pp-iterations")

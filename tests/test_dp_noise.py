@@ -14,10 +14,13 @@ from scipy import stats
 from torch import nn
 from torch.func import functional_call
 
-from fedcli.config import GanConfig, settled, to_json
-from fedcli.gan import private, secure_noise, stylegan2, vqvae2
-from fedcli.gan.node_training import check_options
-from fedcli.rng import torch_stream
+from fedcli.core.rng import torch_stream
+from fedcli.experiment.config import settled, to_json
+from fedcli.generators import private, secure_noise
+from fedcli.generators.config import GanConfig
+from fedcli.generators.node_training import check_options
+from fedcli.generators.stylegan2 import kind as stylegan2
+from fedcli.generators.vqvae2 import kind as vqvae2
 
 SEED = 7
 PLAN = private.DpPlan(target_epsilon=3.0, delta=1e-3, max_grad_norm=1.0, sample_rate=0.08, steps=10,

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from conftest import Cli, copy_exp
-from fedcli.artifacts import load_tensors
+from fedcli.core.errors import UserError
 from fedcli.data.manifest import Manifest
-from fedcli.errors import UserError
-from fedcli.fl import engine, stage
-from fedcli.fl.federate_config import FederateConfig
+from fedcli.experiment.artifacts import load_tensors
+from fedcli.federate import engine, stage
+from fedcli.federate.config import FederateConfig
 from fedcli.models.classifier import build_classifier
 from fedcli.models.cuts import check_cut
 

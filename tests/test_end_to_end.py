@@ -72,7 +72,7 @@ def test_quickstart_buffers_are_class_faithful(quickstart):
     """A classifier trained on a node's real digits labels its synthetic buffer mostly as the buffer's labels."""
     from sklearn.linear_model import LogisticRegression
 
-    from fedcli.artifacts import load_tensors
+    from fedcli.experiment.artifacts import load_tensors
     from fedcli.data.dataset import NodeDataset
 
     exp, _ = quickstart

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from fedcli.data.manifest import Manifest
-from fedcli.fl import engine
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.trainer import LocalTrainer
+from fedcli.federate import engine
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies import REGISTRY
+from fedcli.training.settings import LocalTrainer
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from conftest import copy_exp
-from fedcli.artifacts import load_tensors
+from fedcli.comm.transport import InProcessTransport
 from fedcli.data.manifest import Manifest
-from fedcli.fl import engine, stage
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.transport import InProcessTransport
+from fedcli.experiment.artifacts import load_tensors
+from fedcli.federate import engine, stage
+from fedcli.federate.config import FederateConfig
 
 FAST = ["--rounds", "2", "--epochs", "1", "--bootstrap", "20", "--threads", "1"]
 CHEAP = ["--init-epochs", "0", "--batch", "64"]  # two averages (rounds 1 and 2) show the identity as well as three

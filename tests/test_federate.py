@@ -11,18 +11,18 @@ import torch
 
 from conftest import copy_exp
 from test_predict import write_test_pngs
-from fedcli.artifacts import load_tensors
+from fedcli.comm.payloads import encode_buffer, encode_model
 from fedcli.data.manifest import Manifest
-from fedcli.fl import engine, stage, topology
-from fedcli.fl.batchnorm_check import COLUMNS as BN_COLUMNS
-from fedcli.fl.checkpoint import CheckpointMismatch
-from fedcli.fl.evaluator import Evaluator
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.node_data import NodeImages
-from fedcli.fl.payloads import encode_buffer, encode_model
-from fedcli.fl.runs import load_buffer
-from fedcli.fl.strategies import REGISTRY
+from fedcli.data.node_data import NodeImages
+from fedcli.experiment.artifacts import load_tensors
+from fedcli.federate import engine, stage
+from fedcli.federate.checkpoint import CheckpointMismatch
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.evaluator import Evaluator
+from fedcli.federate.strategies import REGISTRY, topology
+from fedcli.federate.strategy_runs import load_buffer
 from fedcli.models.classifier import batchnorm_keys
+from fedcli.training.batchnorm_check import COLUMNS as BN_COLUMNS
 
 FAST = ["--rounds", "2", "--epochs", "1", "--bootstrap", "20"]
 
@@ -388,14 +388,14 @@ def test_cv_runs_every_fold_and_reports_mean_and_std(cli, fl_exp, tmp_path):
 
 
 def completed_rounds(work) -> set[int]:
-    from fedcli.fl.checkpoint import Checkpoint
+    from fedcli.federate.checkpoint import Checkpoint
 
     return Checkpoint(work, ["node0", "node1", "node2"]).rounds()
 
 
 def test_a_crash_between_checkpoint_files_leaves_the_previous_round_intact(tmp_path):
-    from fedcli.artifacts import save_tensors
-    from fedcli.fl.checkpoint import Checkpoint
+    from fedcli.experiment.artifacts import save_tensors
+    from fedcli.federate.checkpoint import Checkpoint
 
     checkpoint = Checkpoint(tmp_path, ["a", "b"])
     row = {"round": 1, "model_node": "a", "test_node": "a"}
@@ -409,7 +409,7 @@ def test_a_crash_between_checkpoint_files_leaves_the_previous_round_intact(tmp_p
 
 def test_checkpoints_keep_two_rounds_and_resume_from_the_latest_every_node_holds(tmp_path):
     """Nodes on separate machines can stop one round apart: node b never wrote round 3."""
-    from fedcli.fl.checkpoint import Checkpoint
+    from fedcli.federate.checkpoint import Checkpoint
 
     config = {"k": 1}
     for node in ("a", "b"):

@@ -12,19 +12,19 @@ import pytest
 import torch
 
 from conftest import copy_exp
-from fedcli.artifacts import read_json
+from fedcli.comm.payloads import encode_features
+from fedcli.core.errors import UserError
 from fedcli.data.manifest import Manifest
-from fedcli.errors import UserError
-from fedcli.fl import engine, stage
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.payloads import encode_features
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.fedreplay import plateaued
-from fedcli.fl.trainer import LocalTrainer
+from fedcli.experiment.artifacts import read_json
+from fedcli.federate import engine, stage
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategies.fedreplay import plateaued
 from fedcli.models.cuts import split
 from fedcli.pipeline.runner import federate_key
-from fedcli.report import study
+from fedcli.report import notes
 from fedcli.report.collect import load_experiment
+from fedcli.training.settings import LocalTrainer
 
 ONE_EPOCH = {"encoder_rule": "fixed", "encoder_epochs": 1}  # the encoder's training of these tests
 
@@ -140,7 +140,7 @@ def test_an_untrained_encoder_asked_for_by_name_is_the_initial_model_bit_for_bit
     exp = copy_exp(small, tmp_path)  # the report names it
     stage.run(FederateConfig(exp=exp, strategy=("fedreplay",), rounds=1, bootstrap=20, threads=1,
                              encoder_rule="untrained"))
-    assert "fedreplay: untrained encoder + 1 x 1 epochs (R x E of the head)" in study.budget_note(load_experiment(exp))
+    assert "fedreplay: untrained encoder + 1 x 1 epochs (R x E of the head)" in notes.budget_note(load_experiment(exp))
 
 
 def test_the_plateau_rule_stops_when_the_loss_stands_still_and_the_cap_binds_otherwise(small):

@@ -9,8 +9,8 @@ import pytest
 from conftest import Cli, copy_exp
 
 from fedcli.data.manifest import Manifest
-from fedcli.fl import stage
-from fedcli.fl.federate_config import FederateConfig
+from fedcli.federate import stage
+from fedcli.federate.config import FederateConfig
 
 RUN = dict(rounds=2, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2,
            confidence=0.25, weighting="equal", steps_per_round=3)

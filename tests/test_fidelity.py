@@ -10,12 +10,12 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from fedcli import weights
-from fedcli.errors import UserError
-from fedcli.data.tensor_source import TensorSource
+from fedcli.core import weights
+from fedcli.core.errors import UserError
 from fedcli.data.dataset import to_float
-from fedcli.gan import fid
-from fedcli.gan.fidelity import Budget, score, train_classifier
+from fedcli.data.tensor_source import TensorSource
+from fedcli.generators import fid
+from fedcli.generators.fidelity import Budget, score, train_classifier
 
 BUDGET = Budget(epochs=4, seeds=2)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_GAN, copy_exp, make_folders, one_clean_line, record_case
-from fedcli.artifacts import sha256_bytes
-from fedcli.fl.strategies import REGISTRY
+from fedcli.experiment.artifacts import sha256_bytes
+from fedcli.federate.strategies import REGISTRY
 
 SITES = {"a": 6, "b": 6}  # two classes of six images: enough for two folds
 
@@ -36,7 +36,7 @@ def test_a_site_named_as_a_model_key_is_refused_at_partition(cli, tmp_path, name
 
 def test_a_partition_made_before_the_check_is_refused_by_federate_and_predict(cli, tmp_path):
     """An older fedcli let a node be called `global`: federate and predict refuse it instead of misreading it."""
-    from fedcli.config import PartitionConfig
+    from fedcli.experiment.config import PartitionConfig
     from fedcli.data.partition import run
 
     data = make_folders(tmp_path / "data", {"site0": SITES, "global": SITES})
@@ -122,13 +122,13 @@ def start_ranks(root: Path, node: str, nodes: list[str], barrier, errors) -> Non
     """What a rank of `--launch local` does with the shared folders before round 0 (lock its part, probe that
     the outputs can be written, write its log and its checkpoint part), on REPEATS fresh experiments, each
     started by every rank at once."""
-    from fedcli.artifacts import atomic_write_bytes
-    from fedcli.errors import environment_message
-    from fedcli.fl.distributed.worker import node_logger
-    from fedcli.fl.federate_config import FederateConfig
-    from fedcli.fl.runs import check_outputs, checkpoint_dir, run_outputs
-    from fedcli.layout import federate_dir
-    from fedcli.locking import locked
+    from fedcli.experiment.artifacts import atomic_write_bytes
+    from fedcli.core.errors import environment_message
+    from fedcli.comm.node_process import node_logger
+    from fedcli.federate.config import FederateConfig
+    from fedcli.federate.strategy_runs import check_outputs, checkpoint_dir, run_outputs
+    from fedcli.experiment.paths import federate_dir
+    from fedcli.experiment.locking import locked
 
     for repeat in range(REPEATS):
         exp = root / f"r{repeat}" / "exp"
@@ -171,7 +171,7 @@ def test_a_shared_folder_a_sibling_removes_meanwhile_is_made_again(tmp_path, mon
     import os
     import tempfile
 
-    from fedcli import artifacts
+    from fedcli.experiment import artifacts
 
     target, real_mkdir, real_mkstemp = tmp_path / "exp" / "federate", os.mkdir, tempfile.mkstemp
     left = {"mkdir": 1, "mkstemp": 1}
@@ -210,8 +210,10 @@ def test_an_interrupted_train_gan_names_the_nodes_left(cli, gan3_exp, tmp_path):
 def test_fedcli_run_keeps_the_generators_an_interrupted_train_gan_finished(gan3_exp, tmp_path):
     """The runner's train-gan keeps each node folder made by the same config and retrains only the missing
     one, which comes out as it did when every node trained together."""
-    from fedcli.config import GanConfig, stage_values
-    from fedcli.gan import node_training, stage
+    from fedcli.experiment.config import stage_values
+    from fedcli.generators.config import GanConfig
+    from fedcli.generators import node_training
+    from fedcli.generators import stage
 
     exp = copy_exp(gan3_exp, tmp_path)
     (exp / "gan" / "node2").rename(tmp_path / "node2-before")

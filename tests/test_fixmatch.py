@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from fedcli.fl.fixmatch import FixMatch, FixMatchSettings, SemiBatch
+from fedcli.training.fixmatch import FixMatch, FixMatchSettings, SemiBatch
 
 
 class Table(nn.Module):
@@ -68,9 +68,9 @@ def test_without_unlabelled_images_fixmatch_is_the_supervised_loss():
 
 def test_semi_batches_add_mu_unlabelled_images_per_labelled_one_and_keep_the_labelled_draws():
     from fedcli.data.tensor_source import TensorSource
-    from fedcli.fl.fixmatch import SemiBatches
-    from fedcli.fl.local import Batches, LocalSettings
-    from fedcli.rng import torch_stream
+    from fedcli.training.fixmatch import SemiBatches
+    from fedcli.training.local import Batches, LocalSettings
+    from fedcli.core.rng import torch_stream
 
     generator = torch.Generator().manual_seed(0)
     labelled = TensorSource(torch.randint(0, 256, (10, 1, 8, 8), generator=generator, dtype=torch.uint8),
@@ -97,16 +97,16 @@ def test_a_node_without_labels_takes_unlabelled_batches_alone_and_the_unlabelled
     import dataclasses
 
     from fedcli.data.tensor_source import TensorSource
-    from fedcli.fl.fixmatch import SemiBatches
-    from fedcli.fl.local import Batches, LocalSettings
-    from fedcli.rng import torch_stream
+    from fedcli.training.fixmatch import SemiBatches
+    from fedcli.training.local import Batches, LocalSettings
+    from fedcli.core.rng import torch_stream
 
     generator = torch.Generator().manual_seed(0)
     unlabelled = TensorSource(torch.randint(0, 256, (25, 1, 8, 8), generator=generator, dtype=torch.uint8),
                               torch.full((25,), -1))
     nothing = TensorSource(unlabelled.images[:0], torch.zeros(0, dtype=torch.int64))
     settings = LocalSettings(epochs=2, lr=0.1, batch=4)
-    for given, steps in ((settings, 2 * 7), (dataclasses.replace(settings, epoch_steps=5), 2 * 5)):  # ceil(25/4)
+    for given, steps in ((settings, 2 * 7), (dataclasses.replace(settings, steps_per_round=5), 2 * 5)):  # ceil(25/4)
         batches = list(SemiBatches(Batches(nothing, None, given, torch_stream(0, "n", 1, "local-train")), unlabelled,
                                    3, (), torch_stream(0, "n", 1, "fixmatch"), given))
         assert len(batches) == steps and all(len(b.x) == 0 and len(b.weak) == len(b.strong) == 12 for b in batches)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+from fedcli.core.rng import torch_stream
 from fedcli.data.fixmatch_augment import NAMES, POOL, WITH_MAGNITUDE, cutout, strong_augment
-from fedcli.rng import torch_stream
 
 
 def images(channels: int, side: int = 16, n: int = 4) -> torch.Tensor:

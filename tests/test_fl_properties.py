@@ -9,15 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedcli.fl import topology
-from fedcli.fl.batchnorm_check import reestimated
+from fedcli.comm.exact_average import weighted_average
+from fedcli.comm.payloads import PayloadError, decode_buffer, decode_model, encode_buffer, encode_model
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl.local import Batches, LocalSettings, train_local
-from fedcli.fl.objectives import Batch, Supervised, replay_loss
-from fedcli.fl.payloads import PayloadError, decode_buffer, decode_model, encode_buffer, encode_model
-from fedcli.fl.strategies.fedprox import proximal_term
-from fedcli.fl.exact_average import weighted_average
+from fedcli.federate.strategies import topology
+from fedcli.federate.strategies.fedprox import proximal_term
 from fedcli.models.classifier import SmallCNN, batchnorm_keys, build_classifier
+from fedcli.training.batchnorm_check import reestimated
+from fedcli.training.local import Batches, LocalSettings, train_local
+from fedcli.training.objectives import Batch, Supervised, replay_loss
 
 
 def is_single_cycle(successor: dict[str, str]) -> bool:
@@ -153,7 +153,7 @@ def test_metrics_match_scikit_learn_including_absent_and_predicted_only_classes(
     import numpy as np
     from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score
 
-    from fedcli.fl.evaluate import metric_values
+    from fedcli.metrics.scores import metric_values
 
     rng = np.random.default_rng(3)
     for _ in range(20):
@@ -167,7 +167,7 @@ def test_metrics_match_scikit_learn_including_absent_and_predicted_only_classes(
 
 
 def test_a_last_batch_of_one_joins_the_previous_batch():
-    from fedcli.fl.local import batch_bounds
+    from fedcli.training.local import batch_bounds
 
     assert batch_bounds(33, 8)[-1] == (24, 33) and len(batch_bounds(33, 8)) == 4
     assert batch_bounds(34, 8)[-1] == (32, 34)
@@ -183,7 +183,7 @@ def test_buffer_pngs_of_another_mode_or_size_are_rejected():
     import numpy as np
     from PIL import Image
 
-    from fedcli.artifacts import tensor_bytes
+    from fedcli.experiment.artifacts import tensor_bytes
 
     handle = io.BytesIO()
     Image.fromarray(np.zeros((8, 8), dtype=np.uint16) + 300).save(handle, "PNG")  # 16-bit gray

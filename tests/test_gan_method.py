@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from fedcli.audit import effects
+from fedcli.core.devices import torch_threads
 from fedcli.data.sources.digits import load_digit_images
-from fedcli.devices import torch_threads
-from fedcli.gan import ada, losses
-from fedcli.gan.fid import FeatureSpace
-from fedcli.gan.networks import Architecture, Generator, modulated_conv2d
-from fedcli.gan.perceptual import Perceptual
-from fedcli.gan.train import GanTrainer, TrainSettings, run_phases
+from fedcli.generators import losses
+from fedcli.generators.fid import FeatureSpace
+from fedcli.generators.perceptual import Perceptual
+from fedcli.generators.stylegan2 import ada
+from fedcli.generators.stylegan2.networks import Architecture, Generator, modulated_conv2d
+from fedcli.generators.stylegan2.train import GanTrainer, TrainSettings, run_phases
 
 PIXELS = FeatureSpace(lambda images: F.avg_pool2d(images, 4).flatten(1), "pixels", False)  # cheap FID space
 
@@ -276,8 +277,8 @@ def test_privacy_phase_moves_samples_away_from_memorisable_reals(perceptual):
 @pytest.mark.parametrize("resolution,batch,gamma", [(16, 32, 0.0016), (32, 32, 0.0064), (256, 32, 0.4096),
                                                     (64, 8, 0.1024)])
 def test_r1_gamma_auto_is_the_stylegan2_ada_heuristic(tmp_path, resolution, batch, gamma):
-    from fedcli.config import GanConfig
-    from fedcli.gan.stylegan2 import settings
+    from fedcli.generators.config import GanConfig
+    from fedcli.generators.stylegan2.kind import settings
 
     resolved = settings(GanConfig(exp=tmp_path, r1_gamma="auto", batch=batch), resolution)
     assert resolved.r1_gamma == pytest.approx(gamma, rel=1e-12)

@@ -1,97 +1,57 @@
-"""A kind of generator is one object implementing fedcli/generators.py's protocols: a tiny class-mean decoder,
-registered from here, goes through train-gan, federate and the audit with no change to fedcli."""
+"""A kind of generator is one sub-package implementing fedcli/generators/protocol.py's protocols: a tiny
+class-mean decoder (tests/plugins/class_mean/), discovered by the registry once its folder is on
+fedcli.generators' path, goes through train-gan, federate and the audit with no change to fedcli."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-import pandas as pd
 import pytest
-import torch
-from torch import nn
 
-from fedcli.artifacts import parse_tensors
-from fedcli.data.dataset import NodeDataset, to_float
-from fedcli.gan.kinds import KINDS, register
-from fedcli.gan.perceptual import Perceptual
-from fedcli.generators import CONTROL, RELEASED, STANDARD, Trained
-from fedcli.layout import BUFFER, GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1
-from fedcli.replay.buffer import DECODED, to_uint8
+import fedcli.generators as package
+from fedcli.experiment.artifacts import parse_tensors
+from fedcli.experiment.paths import BUFFER
+from fedcli.generators.buffer import DECODED
+from fedcli.generators.registry import KINDS, discover
 
-
-class ClassMeans(nn.Module):
-    """Each class's mean training image. Code of an image: its label; a sample: its class's mean plus keyed
-    noise; a latent: logits over the classes, rendered as the softmax mixture of their means."""
-
-    def __init__(self, num_classes: int, shape: list[int]):
-        super().__init__()
-        self.means = nn.Parameter(torch.zeros(num_classes, *shape), requires_grad=False)
-
-    def encode(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return labels
-
-    def decode(self, codes: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.means[codes]
-
-    def sample(self, labels: torch.Tensor, stream: torch.Generator, truncation: float = 1.0) -> torch.Tensor:
-        noise = torch.randn(len(labels), *self.means.shape[1:], generator=stream).to(labels.device)
-        return (self.decode(labels, labels) + 0.1 * noise).clamp(-1, 1)
-
-    def start(self, labels: torch.Tensor, stream: torch.Generator) -> tuple[torch.Tensor, float]:
-        return 4.0 * nn.functional.one_hot(labels, len(self.means)).float(), 1.0
-
-    def render(self, latents: torch.Tensor, noise=None) -> torch.Tensor:
-        return (latents.softmax(dim=1) @ self.means.flatten(1)).view(-1, *self.means.shape[1:])
-
-    def noise_shapes(self) -> list[tuple[int, ...]]:
-        return []
-
-
-class ClassMeanKind:
-    name = "class-mean"
-    options = frozenset({"lpips_net", "lpips_weights"})
-
-    def titles(self, cfg):
-        return {STANDARD: "class means", RELEASED: "class means (buffer: decoded)", CONTROL: "class means"}
-
-    def plans(self, cfg, manifest, nodes, seed):
-        return {}
-
-    def trainer(self, cfg, manifest, nodes, seed, device):
-        return ClassMeanTraining(manifest, Perceptual(cfg.lpips_net, cfg.lpips_weights), device)
-
-    def build(self, record: dict) -> ClassMeans:
-        return ClassMeans(record["num_classes"], record["shape"])
-
-    def image_size(self, record: dict) -> int:
-        return record["shape"][-1]
-
-    def latent_sizes(self, record: dict) -> tuple[int, int]:
-        return record["num_classes"], record["num_classes"]
-
-
-class ClassMeanTraining:
-    def __init__(self, manifest, perceptual: Perceptual, device: str):
-        self.manifest, self.perceptual, self.device = manifest, perceptual, device
-
-    def train(self, node: str, data: NodeDataset) -> Trained:
-        record = {"num_classes": self.manifest.num_classes, "shape": list(data.images.shape[1:]),
-                  "train_images": len(data), "lpips": self.perceptual.record()}
-        model = ClassMeanKind().build(record)
-        images = to_float(data.images)
-        for c in data.labels.unique().tolist():
-            model.means.data[c] = images[data.labels == c].mean(dim=0)
-        model = model.to(self.device)
-        decoded = to_uint8(model.decode(model.encode(images, data.labels), data.labels)).cpu(), data.labels.clone()
-        state = {k: v.cpu() for k, v in model.state_dict().items()}
-        files = {name: (state, {"node": node}) for name in (GENERATOR, GENERATOR_PHASE1, GENERATOR_CONTROL)}
-        return Trained({STANDARD: model, RELEASED: model, CONTROL: model}, files,
-                       pd.DataFrame({"class": data.labels.unique().tolist()}), record, decoded)
+PLUGINS = str(Path(__file__).parent / "plugins")
 
 
 @pytest.fixture(scope="module")
 def class_mean_kind():
-    return KINDS.get("class-mean") or register(ClassMeanKind())
+    package.__path__.append(PLUGINS)
+    try:
+        added = {name: kind for name, kind in discover().items() if name not in KINDS}
+        KINDS.update(added)
+        yield KINDS["class-mean"]
+    finally:
+        package.__path__.remove(PLUGINS)
+        for name in added:
+            KINDS.pop(name)
+
+
+def test_the_registry_discovers_a_kind_that_is_one_sub_package(class_mean_kind):
+    assert sorted(discover()) == ["class-mean", "stylegan2", "vqvae2"]  # its folder is on the path here
+    assert type(class_mean_kind).__module__ == "fedcli.generators.class_mean.kind"
+    package.__path__.remove(PLUGINS)
+    try:
+        assert sorted(discover()) == ["stylegan2", "vqvae2"]
+    finally:
+        package.__path__.append(PLUGINS)
+
+
+def test_two_sub_packages_declaring_one_kind_name_are_refused(class_mean_kind, tmp_path):
+    twin = tmp_path / "class_mean_twin"
+    twin.mkdir()
+    (twin / "__init__.py").write_text("")
+    (twin / "kind.py").write_text("from fedcli.generators.class_mean.kind import KIND\n")
+    package.__path__.append(str(tmp_path))
+    try:
+        with pytest.raises(ValueError, match="class-mean"):
+            discover()
+    finally:
+        package.__path__.remove(str(tmp_path))
 
 
 def test_a_class_mean_decoder_goes_through_train_gan_federate_and_the_audit(cli, tmp_path, class_mean_kind):
@@ -129,6 +89,6 @@ def test_a_class_mean_decoder_goes_through_train_gan_federate_and_the_audit(cli,
      ["released buffer: DP prior samples, epsilon 10"]),
 ])
 def test_samples_png_titles_each_panel_by_what_that_configuration_releases(tmp_path, options, titles):
-    from fedcli.config import GanConfig
+    from fedcli.generators.config import GanConfig
     cfg = GanConfig(exp=tmp_path, **options)
     assert list(KINDS[cfg.generator].titles(cfg).values()) == titles

@@ -1,14 +1,18 @@
 """`train-gan --help` and `federate --help` group their options in panels (issue 58: one flat panel of 60-odd
-options each), strategies' options in their strategies' panels."""
+options each), each option in the panel its config field names, strategies' options in their strategies' panels."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 import typer
 
-from fedcli.help_panels import FEDERATE, TRAIN_GAN, grouped
+from fedcli.cli_options import options_from
+from fedcli.experiment.config import option, user_fields
+from fedcli.federate.config import SharedOptions
+from fedcli.generators.config import GanConfig
 
 
 def panels_of(text: str) -> dict[str, list[str]]:
@@ -24,15 +28,15 @@ def panels_of(text: str) -> dict[str, list[str]]:
     return found
 
 
-@pytest.mark.parametrize("command, table", [("federate", FEDERATE), ("train-gan", TRAIN_GAN)])
-def test_every_option_is_printed_in_its_panel(cli, command, table):
+@pytest.mark.parametrize("command, cls", [("federate", SharedOptions), ("train-gan", GanConfig)])
+def test_every_option_is_printed_in_the_panel_its_field_names(cli, command, cls):
     result = cli(command, "--help")
     assert result.exit_code == 0
     found = panels_of(result.output)
-    for panel, names in table.items():
-        flags = {"--" + n.replace("_", "-") for n in names}
-        assert flags <= set(found[panel]), (panel, flags - set(found[panel]))
+    for field in user_fields(cls):
+        assert "--" + field.name.replace("_", "-") in found[field.metadata["panel"]], field.name
     assert found["Options"] == ["--help"]
+    assert {"--config", "--tensorboard"} <= set(found["Experiment and output"])
 
 
 def test_strategy_options_sit_in_their_strategies_panel(cli):
@@ -43,7 +47,12 @@ def test_strategy_options_sit_in_their_strategies_panel(cli):
 
 
 def test_an_option_in_no_panel_is_refused_when_the_command_is_made():
-    def command(placed: int = typer.Option(1), stray: int = typer.Option(2)):
-        """A command with one option the table forgot."""
+    @dataclasses.dataclass(frozen=True)
+    class Forgetful:
+        placed: int = option(1, "An option with its panel.", panel="Panel")
+        stray: int = option(2, "An option whose field names no panel.")
+
+    def command(ctx: typer.Context, **options):
+        """A command with one option outside the panels."""
     with pytest.raises(ValueError, match="option 'stray' of command is in no help panel"):
-        grouped({"Panel": ("placed",)})(command)
+        options_from(Forgetful, grouped=True)(command)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from conftest import copy_exp, make_folders, record_case, write_png
-from fedcli.artifacts import sha256_bytes
+from fedcli.core.errors import UserError
 from fedcli.data.manifest import content_hash
-from fedcli.errors import UserError
-from fedcli.layout import gan_dir, inside
+from fedcli.experiment.artifacts import sha256_bytes
+from fedcli.experiment.paths import gan_dir, inside
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -101,7 +101,7 @@ def test_exp_that_is_a_file_is_one_line(cli, tmp_path):
 
 def failing_write(monkeypatch, err: int, after: int = 0):
     """Make the (after+1)-th atomic file write fail with `err`, as a full disk or a denied folder would."""
-    import fedcli.artifacts as artifacts
+    import fedcli.experiment.artifacts as artifacts
 
     real, calls = artifacts.atomic_write_bytes, []
 
@@ -222,7 +222,7 @@ def test_metrics_on_a_test_set_lacking_a_class_warn_nothing_on_stderr():
 
     import numpy as np
 
-    from fedcli.fl.evaluate import evaluate, resample_counts
+    from fedcli.metrics.scores import evaluate, resample_counts
 
     y = np.array([0, 0, 0, 1])
     probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.4, 0.6]])

@@ -18,12 +18,13 @@ import torch
 from PIL import Image
 
 from conftest import copy_exp, make_folders, one_clean_line, record_case, write_png
-from fedcli.artifacts import METADATA_KEY
+from fedcli.comm.payloads import PayloadError, decode_buffer, encode_buffer
+from fedcli.core.errors import UserError
 from fedcli.data.imagefiles import BadImageError, native_pixels
 from fedcli.data.manifest import Manifest, content_hash
 from fedcli.data.pixelscale import Scale
-from fedcli.errors import UserError
-from fedcli.fl.payloads import PayloadError, decode_buffer, decode_codes, encode_buffer
+from fedcli.experiment.artifacts import METADATA_KEY
+from fedcli.generators.vqvae2.codes import decode_codes
 from test_hostile_inputs import csv_data, tree, two_sites
 
 
@@ -221,7 +222,7 @@ def test_a_pickle_given_as_weights_prints_no_torch_warning(cli, digits_exp, tmp_
 def full_disk_at(monkeypatch, suffix: str):
     """The first atomic write of a file ending in `suffix` fails as on a full disk: os.write's OSError names
     no file."""
-    import fedcli.artifacts as artifacts
+    import fedcli.experiment.artifacts as artifacts
 
     real = artifacts.os.fdopen
 

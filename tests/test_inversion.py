@@ -13,7 +13,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from fedcli.audit import inversion, scores
-from fedcli.rng import torch_stream
+from fedcli.core.rng import torch_stream
 
 SETTINGS = inversion.InversionSettings(iterations=300, restarts=1, lr=0.05, tv=0.0)
 

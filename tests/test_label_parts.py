@@ -176,7 +176,7 @@ def test_a_node_without_labels_is_refused_by_what_needs_labels_everywhere_in_one
 
 
 def test_the_few_labels_options_at_their_defaults_leave_a_partition_units_fingerprint_unchanged(tmp_path):
-    from fedcli.config import PartitionConfig
+    from fedcli.experiment.config import PartitionConfig
     from fedcli.pipeline.runner import plain
 
     keys = set(plain(PartitionConfig(exp=tmp_path)))
@@ -186,8 +186,8 @@ def test_the_few_labels_options_at_their_defaults_leave_a_partition_units_finger
 
 
 def test_the_oracle_gives_every_unlabelled_image_its_hidden_label(parts, tmp_path, cli):
-    from fedcli.fl import engine
-    from fedcli.fl.federate_config import FederateConfig
+    from fedcli.federate import engine
+    from fedcli.federate.config import FederateConfig
 
     _, few = parts
     exp = few.path.parent.parent

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from fedcli.audit import lira, scores
 from fedcli.data.sources.digits import load_digit_images
-from fedcli.gan.perceptual import Perceptual
-from fedcli.replay.groups import complementary_halves
+from fedcli.generators.groups import complementary_halves
+from fedcli.generators.perceptual import Perceptual
 
 
 def test_the_score_equals_a_hand_computation_on_fixed_gaussian_statistics():

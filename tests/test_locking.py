@@ -15,18 +15,18 @@ import pandas as pd
 import pytest
 
 from conftest import Cli, copy_exp, make_folders, record_case
-from fedcli.artifacts import remove_leftovers
-from fedcli.fl import engine, stage
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.locking import TOKEN, TOKEN_ENV, Busy, Locked, lock_path, locked, take
+from fedcli.experiment.artifacts import remove_leftovers
+from fedcli.experiment.locking import TOKEN, TOKEN_ENV, Busy, Locked, lock_path, locked, take
+from fedcli.federate import engine, stage
+from fedcli.federate.config import FederateConfig
 from test_distributed import DISTRIBUTED
 
 FAST = ["--strategy", "fedavg", "--epochs", "1", "--bootstrap", "10", "--threads", "1"]
 HOLD = """
 import sys, time
 from pathlib import Path
-from fedcli.artifacts import staged_output
-from fedcli.locking import locked
+from fedcli.experiment.artifacts import staged_output
+from fedcli.experiment.locking import locked
 exp, out = Path(sys.argv[1]), Path(sys.argv[2])
 with locked(exp, [out], parts=sys.argv[3:]), staged_output(out, overwrite=True):
     print("held", flush=True)
@@ -145,7 +145,7 @@ def test_locks_are_reentrant_and_a_launched_node_accepts_only_its_launchers(tmp_
 
 
 def test_a_launched_distributed_federate_runs_under_its_launchers_lock(cli, part_exp, tmp_path, monkeypatch):
-    from fedcli.fl.distributed import launch
+    from fedcli.comm import launcher as launch
 
     exp = copy_exp(part_exp, tmp_path)
     holders = []

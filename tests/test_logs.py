@@ -18,13 +18,14 @@ import pytest
 from rich.console import Console
 
 from conftest import copy_exp
-from fedcli import console, events, progress
-from fedcli.artifact_kinds import kind_of
-from fedcli.fl import stage
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.progress import RoundProgress
-from fedcli.gan.progress import TrainingProgress
-from fedcli.progress import StepProgress
+from fedcli.core import console, progress
+from fedcli.core.progress import StepProgress
+from fedcli.experiment import events
+from fedcli.experiment.artifact_kinds import kind_of
+from fedcli.federate import stage
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.progress import RoundProgress
+from fedcli.generators.progress import TrainingProgress
 
 STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
 

@@ -13,7 +13,7 @@ from sklearn.metrics import (average_precision_score, confusion_matrix, precisio
                              roc_auc_score)
 
 from fedcli.audit import scores
-from fedcli.fl.evaluate import ECE_BINS, evaluate, metric_values, resample_counts
+from fedcli.metrics.scores import ECE_BINS, evaluate, metric_values, resample_counts
 
 
 def hand_ece(y, probs, weights):
@@ -193,7 +193,7 @@ def test_an_image_smaller_than_the_window_gets_the_largest_odd_window_that_fits(
 def test_average_precision_by_pairs_equals_it_by_sorting_with_ties_and_absent_classes(classes):
     """The two computations average_precision chooses between by size (the scikit-learn test above reads the
     pairs at its sizes)."""
-    from fedcli.fl.evaluate import average_precision_by_pairs, average_precision_by_sorting
+    from fedcli.metrics.scores import average_precision_by_pairs, average_precision_by_sorting
 
     rng = np.random.default_rng(classes)
     for trial in range(10):

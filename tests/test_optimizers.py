@@ -8,16 +8,16 @@ import dataclasses
 import pytest
 import torch
 
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.local import LocalSettings
-from fedcli.fl.trainer import Budget
+from fedcli.federate.config import FederateConfig
 from fedcli.pipeline.runner import federate_key
+from fedcli.training.local import LocalSettings
+from fedcli.training.settings import Budget
 
 
 def settings_of(budget: Budget, round_: int, epochs: int, **extra) -> LocalSettings:
-    return LocalSettings(epochs=epochs, lr=budget.lr, batch=8, schedule=budget.lr_schedule,
+    return LocalSettings(epochs=epochs, lr=budget.lr, batch=8, lr_schedule=budget.lr_schedule,
                          span=budget.span(round_, epochs), budget_epochs=budget.total_epochs,
-                         step_epochs=budget.lr_step_epochs, step_factor=budget.lr_step_factor, **extra)
+                         lr_step_epochs=budget.lr_step_epochs, lr_step_factor=budget.lr_step_factor, **extra)
 
 
 def test_the_step_schedule_decays_by_the_factor_every_step_epochs_of_the_whole_budget():
@@ -40,11 +40,11 @@ def test_the_step_schedule_decays_by_the_factor_every_step_epochs_of_the_whole_b
 
 def test_sgd_takes_its_momentum_and_weight_decay_and_adam_stays_the_default():
     parameters = [torch.nn.Parameter(torch.ones(3))]
-    sgd = LocalSettings(epochs=1, lr=0.01, batch=8, optimizer_name="sgd", momentum=0.8,
-                        weight_decay=1e-4).optimizer(parameters)
+    sgd = LocalSettings(epochs=1, lr=0.01, batch=8, optimizer="sgd", sgd_momentum=0.8,
+                        weight_decay=1e-4).new_optimizer(parameters)
     assert isinstance(sgd, torch.optim.SGD)
     assert (sgd.defaults["momentum"], sgd.defaults["weight_decay"], sgd.defaults["lr"]) == (0.8, 1e-4, 0.01)
-    assert isinstance(LocalSettings(epochs=1, lr=0.01, batch=8).optimizer(parameters), torch.optim.Adam)
+    assert isinstance(LocalSettings(epochs=1, lr=0.01, batch=8).new_optimizer(parameters), torch.optim.Adam)
     parameters[0].grad = torch.tensor([1.0, -2.0, 0.5])
     sgd.step()  # first SGD step with momentum: p - lr (g + wd p)
     expected = 1 - 0.01 * (torch.tensor([1.0, -2.0, 0.5]) + 1e-4)
@@ -66,8 +66,8 @@ def test_settings_that_the_run_does_not_use_leave_its_fingerprint_alone(tmp_path
 def test_options_added_later_leave_existing_fingerprints_and_checkpoints_alone(tmp_path):
     """At the value every earlier run had (Adam, no weight decay, no --ks), a new option is in no fingerprint, so
     fedcli run neither reruns an earlier experiment nor refuses to resume its checkpoint."""
-    from fedcli.config import PartitionConfig
-    from fedcli.fl.runs import computed
+    from fedcli.experiment.config import PartitionConfig
+    from fedcli.federate.strategy_runs import computed
     from fedcli.pipeline.runner import plain
 
     base = FederateConfig(exp=tmp_path, strategy=("fedavg",))

@@ -15,11 +15,12 @@ import typer
 from typer.core import TyperOption
 
 from conftest import record_case
-from fedcli import config
-from fedcli.artifacts import sha256_bytes
 from fedcli.cli import app
-from fedcli.errors import UserError
-from fedcli.fl.federate_config import FederateConfig
+from fedcli.core.errors import UserError
+from fedcli.experiment import config
+from fedcli.experiment.artifacts import sha256_bytes
+from fedcli.federate.config import FederateConfig
+from fedcli.generators.config import GanConfig
 
 RECIPE = '[partition]\nnodes = 2\nimage-size = 16\n\n[federate]\nstrategy = ["fedavg"]\n'
 HUGE = {int: str(10**20), float: "1e300"}
@@ -56,10 +57,11 @@ def numeric_options() -> list[tuple[str, str, type]]:
 
 
 def config_classes() -> list[type]:
-    """Every stage's config: those of config.py, and federate's (fl/federate_config.py: its strategy options come
-    from the strategy registry)."""
+    """Every stage's config: those of experiment/config.py, federate's (federate/config.py: its strategy options come
+    from the strategy registry) and train-gan's (generators/config.py: its kinds' options come from their
+    sub-packages)."""
     return [obj for name, obj in vars(config).items() if name.endswith("Config") and dataclasses.is_dataclass(obj)
-            ] + [FederateConfig]
+            ] + [FederateConfig, GanConfig]
 
 
 def numeric_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
@@ -82,7 +84,8 @@ def test_the_walk_sees_every_command_and_config():
 
 @pytest.mark.parametrize("cls", config_classes(), ids=lambda c: c.__name__)
 def test_every_numeric_config_field_declares_a_range_that_its_config_applies(cls):
-    required = {"exp": Path("x")} if "exp" in {f.name for f in dataclasses.fields(cls)} else {}
+    values = {"exp": Path("x"), "strategy": "fedavg", "data_dir": Path("x")}  # the fields some config requires
+    required = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
     assert numeric_fields(cls) or cls is config.ReportConfig
     for field, kind in numeric_fields(cls):
         assert "range" in field.metadata, f"{cls.__name__}.{field.name} has no declared range: use config.ranged"
@@ -194,7 +197,7 @@ def test_run_threads_reach_every_stage_are_recorded_and_rerun_nothing(cli, tmp_p
         seen.append((module, cfg.threads))
         if module == "fedcli.data.partition":
             return real_stage_run(module, cfg, **extra)
-        stage = {"fedcli.gan.stage": "gan", "fedcli.audit.stage": "audit"}[module]
+        stage = {"fedcli.generators.stage": "gan", "fedcli.audit.stage": "audit"}[module]
         for node in Manifest.load(cfg.exp).node_names:
             stand_in(cfg.exp / stage / node / "config.json", cfg)
 
@@ -231,5 +234,5 @@ def stand_in(path: Path, cfg) -> None:
 def test_threads_of_a_stage_are_recorded_in_its_config_json(cli, tmp_path):
     cli.ok("partition", "--nodes", "2", "--image-size", "16", "--threads", "1", "--exp", tmp_path / "exp")
     assert json.loads((tmp_path / "exp" / "partition" / "config.json").read_text())["config"]["threads"] == 1
-    for cls in (config.GanConfig, FederateConfig, config.AuditConfig):  # their config.json is to_json(cfg)
+    for cls in (GanConfig, FederateConfig, config.AuditConfig):  # their config.json is to_json(cfg)
         assert config.to_json(cls(exp=tmp_path, threads=3))["threads"] == 3

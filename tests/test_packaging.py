@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 import fedcli
 from fedcli.cli import app
+from fedcli.experiment.plotting import keep_matplotlib_out_of_home
 from fedcli.pipeline.shipped import shipped_recipes
-from fedcli.plotting import keep_matplotlib_out_of_home
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(fedcli.__file__).resolve().parent
@@ -134,15 +134,15 @@ def test_shell_completion_is_offered_and_completes_commands_and_options(cli):
 
 def test_figures_write_nothing_under_home(tmp_path):
     """matplotlib would put its font cache and config under $HOME/.cache and $HOME/.config. Every figure goes
-    through fedcli.plotting, whose temporary folder for them is gone when the process ends."""
+    through fedcli.experiment.plotting, whose temporary folder for them is gone when the process ends."""
     importers = {name: files for name, files in imported_modules().items() if name.split(".")[0] == "matplotlib"}
-    assert set().union(*importers.values()) == {"fedcli/plotting.py"}
+    assert set().union(*importers.values()) == {"fedcli/experiment/plotting.py"}
     home, temp = tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
     temp.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")}
     env |= {"HOME": str(home), "TMPDIR": str(temp), "PYTHONPATH": str(PACKAGE.parent)}
-    draw = ("from fedcli.plotting import pyplot; plt = pyplot(); fig = plt.figure(); fig.text(0.5, 0.5, 'node0'); "
+    draw = ("from fedcli.experiment.plotting import pyplot; plt = pyplot(); fig = plt.figure(); fig.text(0.5, 0.5, 'node0'); "
             f"fig.savefig({str(tmp_path / 'figure.png')!r})")
     run = subprocess.run([sys.executable, "-c", draw], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)

@@ -1,4 +1,4 @@
-"""FedPerl and FedMatch (fl/strategies/peer_learning.py): peers' predictions help label a node's unlabelled images
+"""FedPerl and FedMatch (federate/strategies/peer_learning.py): peers' predictions help label a node's unlabelled images
 (against a hand computation), T = 0 is SSFL, an anonymised peer is its peers' mean and arrives as one model, the
 choices follow the policy, and one launch gives the in-process numbers on the distributed engine."""
 
@@ -12,19 +12,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import Cli, copy_exp
-from fedcli.artifacts import load_tensors, save_tensors
 from fedcli.data.manifest import Manifest
-from fedcli.fl import engine, stage
-from fedcli.fl.evaluate import predict
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.fixmatch import FixMatchSettings, SemiBatch
-from fedcli.fl.peer_teaching import PeerFixMatch, agreement_loss, pseudo_labels
-from fedcli.fl.trainer import LocalTrainer
+from fedcli.experiment.artifacts import load_tensors, save_tensors
+from fedcli.federate import engine, stage
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies.peer_teaching import PeerFixMatch, agreement_loss, pseudo_labels
+from fedcli.metrics.scores import predict
 from fedcli.report.calibration import reliability, risk_coverage
 from fedcli.report.collect import Run, SubExperiment, best_validation_scores
 from fedcli.report.few_labels import few_labels_table, improvement, models_received
 from fedcli.report.few_labels_paired import against_ssfl_table, regime_table
-from fedcli.report.study import Missing
+from fedcli.report.table import Missing
+from fedcli.training.fixmatch import FixMatchSettings, SemiBatch
+from fedcli.training.settings import LocalTrainer
 
 # three of the four nodes train each round (--participation), so the engines and the resume are compared with it
 RUN = dict(rounds=3, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2,

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fedcli.fl.peers import allowed, anonymised, choose, features, similarity, top_peers
+from fedcli.federate.strategies.peers import allowed, anonymised, choose, features, similarity, top_peers
 
 
 def tiny(values: list[list[float]]) -> list[torch.Tensor]:

@@ -8,12 +8,12 @@ import pytest
 from PIL import Image
 
 from conftest import Cli, make_folders, record_case
-from fedcli.artifacts import load_tensors
 from fedcli.data.imagefiles import BadImageError
 from fedcli.data.manifest import Manifest
-from fedcli.fl import engine
-from fedcli.fl.evaluate import predict
-from fedcli.fl.federate_config import FederateConfig
+from fedcli.experiment.artifacts import load_tensors
+from fedcli.federate import engine
+from fedcli.federate.config import FederateConfig
+from fedcli.metrics.scores import predict
 from fedcli.predict import decode
 from test_decoding import RAMP16, bomb_png, file_bytes, monotone
 

@@ -14,12 +14,12 @@ import torch
 from scipy.stats import ks_2samp
 
 from conftest import copy_exp
-from fedcli.config import PartitionConfig
 from fedcli.data.manifest import Manifest
+from fedcli.data.node_data import NodeData
 from fedcli.data.partition import make_manifest
-from fedcli.fl.local import Batches, LocalSettings
-from fedcli.fl.node_data import NodeData
 from fedcli.data.tensor_source import TensorSource
+from fedcli.experiment.config import PartitionConfig
+from fedcli.training.local import Batches, LocalSettings
 
 FED = ["--rounds", "2", "--epochs", "1", "--init-epochs", "1", "--batch", "64", "--bootstrap", "10", "--threads", "1",
        "--replay-source", "buffers"]

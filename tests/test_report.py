@@ -16,9 +16,10 @@ from statistics import stdev
 import pandas as pd
 import pytest
 
-from fedcli.config import METRIC_COLUMNS, ReportConfig
-from fedcli.fl.strategies import REGISTRY
-from fedcli.report import build, figures, skew_study, study
+from fedcli.experiment.config import METRIC_COLUMNS, ReportConfig
+from fedcli.federate.strategies import REGISTRY
+from fedcli.report import build, feder_study, figures, privacy_tables, skew_study, summaries
+from fedcli.report.table import Missing, ReportTable
 from fedcli.report.collect import Stat, by_dp_setting, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
 from fedcli.report.tables import gan_table
@@ -250,19 +251,19 @@ def buffers_report(buffers) -> build.Report:
 # Helpers for the assertions
 
 
-def cell(table: study.ReportTable, row: str, column: str) -> Stat:
+def cell(table: ReportTable, row: str, column: str) -> Stat:
     value = table.frame.loc[row, column]
     assert isinstance(value, Stat), (row, column, value)
     return value
 
 
-def means(table: study.ReportTable) -> dict[str, dict[str, float]]:
+def means(table: ReportTable) -> dict[str, dict[str, float]]:
     """{row: {column: mean}} of every Stat cell."""
     return {str(row): {str(c): v.mean for c, v in cells.items() if isinstance(v, Stat)}
             for row, cells in table.frame.iterrows()}
 
 
-def assert_means(table: study.ReportTable, expected: dict[str, dict[str, float]]) -> None:
+def assert_means(table: ReportTable, expected: dict[str, dict[str, float]]) -> None:
     got = means(table)
     assert list(got) == list(expected)
     for row, values in expected.items():
@@ -275,8 +276,8 @@ def assert_stat(value: Stat, mean: float, std: float, n: int) -> None:
     assert value.std == pytest.approx(std, abs=1e-12)
 
 
-def built(result) -> study.ReportTable:
-    assert isinstance(result, study.ReportTable), result
+def built(result) -> ReportTable:
+    assert isinstance(result, ReportTable), result
     return result
 
 
@@ -289,7 +290,7 @@ def read_csv(report: build.Report, key: str) -> pd.DataFrame:
 
 
 def test_table2_own_model_at_final_round_and_shared_models(single):
-    table = built(study.table2(load_experiment(single), "accuracy"))
+    table = built(feder_study.table2(load_experiment(single), "accuracy"))
     assert list(table.frame.index) == ["feder", "standalone", "central"]
     assert list(table.frame.columns) == ["n0", "n1", "mean"]
     assert_means(table, {
@@ -303,14 +304,14 @@ def test_table2_own_model_at_final_round_and_shared_models(single):
 
 
 def test_table4_compares_federated_strategies_with_the_global_model(single):
-    table = built(study.table4(load_experiment(single), "accuracy"))
+    table = built(feder_study.table4(load_experiment(single), "accuracy"))
     assert list(table.frame.index) == ["feder", "fedavg"]
     assert means(table)["fedavg"] == pytest.approx({"n0": 0.9, "n1": 0.5, "mean": 0.7})
     assert means(table)["feder"] == pytest.approx({"n0": 0.8, "n1": 0.9, "mean": 0.85})
 
 
 def test_headline_has_every_strategy(single):
-    table = built(study.headline(load_experiment(single), "accuracy"))
+    table = built(feder_study.headline(load_experiment(single), "accuracy"))
     assert list(table.frame.index) == ["feder", "feder-a", "fedavg", "standalone", "central"]
     assert {row: m["mean"] for row, m in means(table).items()} == pytest.approx(
         {"feder": 0.85, "feder-a": 0.75, "fedavg": 0.7, "standalone": 0.8, "central": 0.65})
@@ -320,7 +321,7 @@ def test_headline_has_every_strategy(single):
 def test_metric_choice_picks_its_column(single, choice):
     metric = METRIC_COLUMNS[choice]
     scale = SCALE[metric]
-    table = built(study.table2(load_experiment(single), metric))
+    table = built(feder_study.table2(load_experiment(single), metric))
     assert means(table)["feder"] == pytest.approx({"n0": 0.8 * scale, "n1": 0.9 * scale, "mean": 0.85 * scale})
     assert means(table)["central"] == pytest.approx({"n0": 0.6 * scale, "n1": 0.7 * scale, "mean": 0.65 * scale})
 
@@ -352,7 +353,7 @@ def test_replicates_give_mean_and_sample_std(seeds):
     subs = load_experiment(seeds)
     assert [s.folder.name for s in subs] == ["seed=0", "seed=1"]  # the sweep root holds no artifacts
     assert list(replicate_groups(subs)) == [""]
-    table = built(study.table2(subs, "accuracy"))
+    table = built(feder_study.table2(subs, "accuracy"))
     assert_stat(cell(table, "feder", "n0"), 0.75, stdev([0.8, 0.7]), 2)
     assert_stat(cell(table, "feder", "n1"), 0.75, stdev([0.6, 0.9]), 2)
     assert_stat(cell(table, "feder", "mean"), 0.75, stdev([0.7, 0.8]), 2)  # mean over seeds of per-task means
@@ -376,24 +377,24 @@ def test_replicates_in_report_md_csv_and_tex(seeds_report):
 
 
 def test_table3_pools_node_models_over_replicates(seeds):
-    table = built(study.table3(load_experiment(seeds), "accuracy"))
+    table = built(feder_study.table3(load_experiment(seeds), "accuracy"))
     # on n0's test set: n0's and n1's models, both seeds; likewise n1
     assert_stat(cell(table, "feder", "n0"), 0.625, stdev([0.8, 0.4, 0.7, 0.6]), 4)
     assert_stat(cell(table, "feder", "n1"), 0.575, stdev([0.5, 0.6, 0.3, 0.9]), 4)
 
 
 def test_paired_differences_from_feder_are_taken_within_each_seed(seeds):
-    table = built(study.paired_table(load_experiment(seeds), "accuracy"))
-    row = table.frame.loc["standalone"]
+    paired = built(feder_study.paired_table(load_experiment(seeds), "accuracy"))
+    row = paired.frame.loc["standalone"]
     # own test sets: seed 0 0.6 - 0.7, seed 1 0.8 - 0.8; t(0.975, 1) = 12.71 times the standard error 0.05
     assert row["seeds"] == 2 and row["own test sets (Tables 2, 4, 7)"] == "-0.050 [-0.685, +0.585]"
     # every node model on every test set: seed 0 0.425 - 0.575, seed 1 0.525 - 0.625
     assert row["every node model, every test set (Table 3)"] == "-0.125 [-0.443, +0.193]"
-    assert isinstance(study.paired_table(load_experiment(seeds)[:1], "accuracy"), study.Missing)
+    assert isinstance(feder_study.paired_table(load_experiment(seeds)[:1], "accuracy"), Missing)
 
 
 def test_privacy_table_over_replicates(seeds):
-    table = built(study.privacy_table(load_experiment(seeds)))
+    table = built(privacy_tables.privacy_table(load_experiment(seeds)))
     assert_stat(cell(table, "n0", "LPIPS priv"), 0.06, stdev([0.05, 0.07]), 2)
     assert table.frame.loc["n0", "verdict"] == "fail, pass"
     assert "AUROC std" not in table.frame.columns  # audited without --standard
@@ -404,7 +405,7 @@ def test_privacy_table_over_replicates(seeds):
 
 
 def test_table3_convergence_mean_and_std_over_node_models(single):
-    table = built(study.table3(load_experiment(single), "accuracy"))
+    table = built(feder_study.table3(load_experiment(single), "accuracy"))
     assert list(table.frame.index) == ["feder", "standalone"]
     assert_stat(cell(table, "feder", "n0"), 0.75, stdev([0.8, 0.7]), 2)
     assert_stat(cell(table, "feder", "n1"), 0.75, stdev([0.6, 0.9]), 2)
@@ -414,7 +415,7 @@ def test_table3_convergence_mean_and_std_over_node_models(single):
 
 
 def test_table4_bolds_the_best_of_each_column_only(single):
-    table = built(study.table4(load_experiment(single), "accuracy"))
+    table = built(feder_study.table4(load_experiment(single), "accuracy"))
     md = markdown(table).splitlines()
     assert "| feder | 0.800 | **0.900** | **0.850** |" in md
     assert "| fedavg | **0.900** | 0.500 | 0.700 |" in md
@@ -427,7 +428,7 @@ def test_table4_bolds_the_best_of_each_column_only(single):
 
 
 def test_headline_bolds_best_across_all_strategies(single):
-    md = markdown(built(study.headline(load_experiment(single), "accuracy")))
+    md = markdown(built(feder_study.headline(load_experiment(single), "accuracy")))
     assert "| fedavg | **0.900** | 0.500 | 0.700 |" in md
     assert "| feder | 0.800 | **0.900** | **0.850** |" in md
     assert "| standalone | 0.750 | 0.850 | 0.800 |" in md
@@ -435,12 +436,12 @@ def test_headline_bolds_best_across_all_strategies(single):
 
 
 def test_tables_without_mark_best_bold_nothing(single):
-    tex = latex(built(study.table2(load_experiment(single), "accuracy")))
+    tex = latex(built(feder_study.table2(load_experiment(single), "accuracy")))
     assert r"\textbf" not in tex
 
 
 def test_table5_single_vs_ensemble(single):
-    table = built(study.table5(load_experiment(single), "accuracy"))
+    table = built(feder_study.table5(load_experiment(single), "accuracy"))
     assert list(table.frame.index) == ["feder"]  # only feder has ensemble rows here
     assert_stat(cell(table, "feder", "n0 single"), 0.75, stdev([0.8, 0.7]), 2)
     assert_stat(cell(table, "feder", "n0 ensemble"), 0.85, 0.0, 1)
@@ -451,7 +452,7 @@ def test_table5_single_vs_ensemble(single):
 
 
 def test_table7_variants(single):
-    table = built(study.table7(load_experiment(single), "accuracy"))
+    table = built(feder_study.table7(load_experiment(single), "accuracy"))
     assert list(table.frame.index) == ["feder", "feder-a"]
     assert means(table)["feder-a"] == pytest.approx({"n0": 0.7, "n1": 0.8, "mean": 0.75, "convergence": 0.65,
                                                      "model spread": (stdev([0.7, 0.6]) + stdev([0.5, 0.8])) / 2})
@@ -463,7 +464,7 @@ def test_table7_variants(single):
 
 
 def test_table8_bytes_per_node(single):
-    table = built(study.table8(load_experiment(single), "accuracy"))
+    table = built(feder_study.table8(load_experiment(single), "accuracy"))
     assert list(table.frame.index) == ["feder", "fedavg", "central"]  # runs with a comm.csv
     assert list(table.frame.columns) == ["training sent/node (MB)", "training received/node (MB)", "model (MB)",
                                          "buffer (MB)", "all-reduce (MB)", "eval (MB)",
@@ -493,7 +494,7 @@ def test_the_batchnorm_table_reads_each_gap_as_sound_lag_the_training_mix_or_the
         pd.DataFrame([{"model_node": key or node, "test_node": node, "accuracy_stored": a, "accuracy_refreshed": b,
                        "accuracy_refreshed_as_trained": c} for node, (a, b, c) in zip(NODES, per_node)]
                      ).to_csv(folder / "bn_statistics.csv", index=False)
-    table = built(study.batchnorm_table(load_experiment(tmp_path), "accuracy"))
+    table = built(feder_study.batchnorm_table(load_experiment(tmp_path), "accuracy"))
     assert dict(table.frame["reading"]) == {
         "standalone": "sound", "feder-a": "lag: the statistics trail the weights",
         "feder": "the training mix (real + received buffer), not lag",
@@ -505,7 +506,7 @@ def test_the_batchnorm_table_reads_each_gap_as_sound_lag_the_training_mix_or_the
 
 
 def test_table1_cross_validation_grid(single):
-    table = built(study.table1(load_experiment(single), "accuracy"))
+    table = built(feder_study.table1(load_experiment(single), "accuracy"))
     frame = table.frame.reset_index()
     assert list(frame.columns) == ["strategy", "rounds", "epochs", "n0", "n1", "mean", "chosen"]
     rows = {(r.strategy, r.rounds, r.epochs): r for r in frame.itertuples()}
@@ -522,7 +523,7 @@ def test_table1_cross_validation_grid(single):
 
 
 def test_privacy_table(single):
-    table = built(study.privacy_table(load_experiment(single)))
+    table = built(privacy_tables.privacy_table(load_experiment(single)))
     assert list(table.frame.index) == ["n0", "n1"]
     assert_means(table, {
         "n0": {"LPIPS ctrl": 0.01, "LPIPS priv": 0.05, "effect": 5.0, "AUROC std": 0.66, "AUROC ctrl": 0.70,
@@ -534,7 +535,7 @@ def test_privacy_table(single):
     assert list(table.frame["effect pixel / independent"]) == ["1.200 / 1.300"] * 2
     assert list(table.frame["TPR at lowest FPR"]) == ["0.25 at 0.1 [0.10, 0.45]"] * 2
     assert "alex-random" in table.note and "Verdict reasons: n1: fail (reason of n1)" in table.note
-    controls = built(study.controls_table(load_experiment(single)))
+    controls = built(privacy_tables.controls_table(load_experiment(single)))
     assert controls.frame.to_dict("index") == {
         "n0 memoriser": {"expected": "verdict fail", "observed": "verdict pass", "holds": "NO"},
         "n1 memoriser": {"expected": "verdict fail", "observed": "verdict fail", "holds": "yes"}}
@@ -542,13 +543,13 @@ def test_privacy_table(single):
 
 def test_partition_and_gan_summaries(single):
     subs = load_experiment(single)
-    part = built(study.partition_table(subs))
+    part = built(summaries.partition_table(subs))
     assert part.frame.loc["n0"].to_dict() == {"site": "site-n0", "train": 3, "test": 2, "classes": "2/2",
                                               "smallest class (train)": 1}
     assert part.frame.loc["n1"].to_dict() == {"site": "site-n1", "train": 3, "test": 1, "classes": "1/2",
                                               "smallest class (train)": 3}
     assert "digits" in part.note and "0.25" in part.note
-    gan = built(study.gan_summary(subs))
+    gan = built(summaries.gan_summary(subs))
     assert_stat(cell(gan, "n1", "FID standard"), 40.0, 0.0, 1)
     assert_stat(cell(gan, "n1", "FID privacy"), 70.0, 0.0, 1)
     assert gan.frame.loc["n0", "iterations"] == "400 + 100" and gan.frame.loc["n0", "buffer"] == "512"
@@ -562,8 +563,8 @@ SETTINGS = {"r1_gamma": 0.05, "ada_kimg": 20, "ema_kimg": 10, "style_mixing": 0.
 
 
 def test_the_gan_note_names_each_departure_from_the_studys_privacy_loss():
-    assert study.settings_note(SETTINGS, {}, 1.0).endswith("alpha 1 all-pairs absolute (the study's form).")
-    note = study.settings_note(SETTINGS | {"privacy_loss": "nearest", "privacy_scale": "relative"}, {}, 1.0)
+    assert summaries.settings_note(SETTINGS, {}, 1.0).endswith("alpha 1 all-pairs absolute (the study's form).")
+    note = summaries.settings_note(SETTINGS | {"privacy_loss": "nearest", "privacy_scale": "relative"}, {}, 1.0)
     assert "departures: each synthetic image pushed from its nearest real training image; L_PP divided by" in note
 
 
@@ -588,7 +589,7 @@ def test_train_gan_table_says_when_the_fid_factor_left_the_standard_generator():
 def test_table6_buffer_sizes_pooled_over_seeds(buffers):
     subs = load_experiment(buffers)
     assert list(replicate_groups(subs)) == ["buffer-size=0", "buffer-size=20"]
-    table = built(study.table6(subs, "accuracy"))
+    table = built(feder_study.table6(subs, "accuracy"))
     assert list(table.frame.index) == ["buffer 0", "buffer 20"]
     assert table.frame.index.name == "buffer"
     assert_stat(cell(table, "buffer 0", "n0"), 0.4, stdev([0.5, 0.3]), 2)
@@ -679,7 +680,7 @@ def test_report_replaces_an_earlier_report(tmp_path):
 
 
 def test_numeric_keeps_text_columns_as_text(single):
-    frame = numeric(built(study.table1(load_experiment(single), "accuracy")))
+    frame = numeric(built(feder_study.table1(load_experiment(single), "accuracy")))
     assert sorted(frame["chosen"]) == ["", "yes", "yes"]
     assert not any(math.isnan(v) for v in frame["mean"])
 
@@ -753,14 +754,14 @@ def test_alpha_table_shows_fid_distance_and_auroc_per_alpha(tmp_path):
             summary["buffer"]["synthetic_nearest_real_lpips_mean"] = distance
             write_json(sub / "audit" / node / "summary.json", summary)
         write_run(sub / "federate" / "feder", "feder", own_cross({"n0": 0.5 + alpha / 10, "n1": 0.7}, {}))
-    table = study.alpha_table(load_experiment(tmp_path), "accuracy")
+    table = feder_study.alpha_table(load_experiment(tmp_path), "accuracy")
     assert list(table.frame.index) == ["alpha 0", "alpha 2"]
     assert table.frame.loc["alpha 2", "FID"].mean == 30.0 and table.frame.loc["alpha 0", "FID"].n == 2
     assert table.frame.loc["alpha 2", "nearest-real LPIPS"].mean == pytest.approx(0.3)
     assert table.frame.loc["alpha 0", "AUROC priv"].mean == pytest.approx(0.7)
     assert table.frame.loc["alpha 2", "privacy effect"].mean == pytest.approx(2.0)
     assert table.frame.loc["alpha 2", "FedER accuracy"].mean == pytest.approx((0.7 + 0.7) / 2)
-    assert isinstance(study.alpha_table(load_experiment(tmp_path)[:1], "accuracy"), study.Missing)
+    assert isinstance(feder_study.alpha_table(load_experiment(tmp_path)[:1], "accuracy"), Missing)
 
 
 def test_dp_table_orders_settings_and_shows_the_guarantee_utility_and_attack_per_node(tmp_path):
@@ -783,7 +784,7 @@ def test_dp_table_orders_settings_and_shows_the_guarantee_utility_and_attack_per
             write_json(audit, summary)
         write_run(sub / "federate" / "feder", "feder", own_cross({"n0": accuracy, "n1": accuracy}, {}))
     subs = load_experiment(tmp_path)
-    table = built(study.dp_table(subs, "accuracy"))
+    table = built(feder_study.dp_table(subs, "accuracy"))
     assert list(table.frame.index) == [f"{setting}, {node}" for setting in
                                        ("epsilon 1", "epsilon 10", "epsilon inf", "no DP") for node in NODES]
     assert table.frame.loc["epsilon 10, n0", "epsilon spent"].mean == pytest.approx(9.9)
@@ -792,7 +793,7 @@ def test_dp_table_orders_settings_and_shows_the_guarantee_utility_and_attack_per
     assert table.frame.loc["no DP, n0", "epsilon spent"] == "-"
     assert table.frame.loc["epsilon 1, n0", "TPR within the DP bound"] == "NO"
     assert table.frame.loc["epsilon inf, n0", "TPR within the DP bound"] == "yes"
-    assert isinstance(study.dp_table(by_dp_setting(subs)[None], "accuracy"), study.Missing)
+    assert isinstance(feder_study.dp_table(by_dp_setting(subs)[None], "accuracy"), Missing)
 
 
 def test_scalability_figure_needs_several_node_counts_and_counts_a_shared_run_once(tmp_path):
@@ -818,13 +819,13 @@ def test_scalability_figure_needs_several_node_counts_and_counts_a_shared_run_on
     write_manifest(linked)
     (linked / "federate").mkdir()
     (linked / "federate" / "feder").symlink_to(buffers / "runs" / "buffer-size=10" / "federate" / "feder")
-    table = study.table6(load_experiment(buffers), "accuracy")
+    table = feder_study.table6(load_experiment(buffers), "accuracy")
     assert table.frame.loc["buffer 10", "n0"].n == 2  # two node models, not four
 
 
 def test_the_report_never_imports_the_pipeline_that_runs_it():
     """One direction only: fedcli run makes sub-experiments and the report reads them, through the naming
-    both share (fedcli/subexperiments.py)."""
+    both share (fedcli/experiment/subexperiments.py)."""
     loaded = subprocess.run([sys.executable, "-c", "import sys, fedcli.report.build; "
                              "print(sorted(m for m in sys.modules if m.startswith('fedcli.pipeline')))"],
                             capture_output=True, text=True, check=True).stdout
@@ -837,8 +838,8 @@ def test_the_paired_table_differences_strategies_on_the_same_resamples_of_each_t
     import numpy as np
     import torch
 
-    from fedcli.artifacts import save_tensors
-    from fedcli.fl.evaluate import metric_values, resample_counts
+    from fedcli.experiment.artifacts import save_tensors
+    from fedcli.metrics.scores import metric_values, resample_counts
 
     exp = tmp_path / "exp"
     write_manifest(exp)
@@ -856,7 +857,7 @@ def test_the_paired_table_differences_strategies_on_the_same_resamples_of_each_t
         save_tensors(folder / "predictions.safetensors",
                      {f"{models[name][node]}/{node}": torch.from_numpy(p) for node, p in probs[name].items()} |
                      {f"labels/{node}": torch.from_numpy(y) for node, y in labels.items()})
-    frame = study.table4_paired(load_experiment(exp), "specificity").frame
+    frame = feder_study.table4_paired(load_experiment(exp), "specificity").frame
 
     def values(name, node):
         counts = np.vstack([np.ones((1, len(labels[node]))), resample_counts(0, node, len(labels[node]), 200)])
@@ -902,7 +903,7 @@ def test_the_label_skew_table_and_figure_give_each_method_per_skew_level_over_se
     assert figures.skew_figure(subs, "accuracy", tmp_path / "k.png")
     assert (tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
     one_level = [s for s in subs if s.manifest["ks"] == 0.0]
-    assert isinstance(skew_study.skew_table(one_level, "accuracy"), study.Missing)
+    assert isinstance(skew_study.skew_table(one_level, "accuracy"), Missing)
     for sub, source in zip(subs, ["codes", "buffers", "codes", "buffers"]):  # a replay method, per replay source
         write_run(sub.folder / "federate" / "cwt-replay", "cwt-replay", shared("global", {"n0": 0.5, "n1": 0.5}))
         config = json.loads((sub.folder / "federate" / "cwt-replay" / "config.json").read_text())

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
-import fedcli.environment
-from fedcli.environment import environment
-from fedcli.errors import UserError
-from fedcli.layout import check_experiment_folder
+import fedcli.core.environment
+from fedcli.core.environment import environment
+from fedcli.core.errors import UserError
+from fedcli.experiment.paths import check_experiment_folder
 from fedcli.pipeline.recipe import Recipe
 
 TINY = """
@@ -139,7 +139,7 @@ def test_a_stage_rerun_by_hand_is_stale_for_the_next_run(cli, tmp_path):
 
 
 def test_an_interrupted_federate_unit_continues_from_its_last_round(cli, tmp_path, monkeypatch, fresh_environment):
-    from fedcli.fl.progress import RoundProgress
+    from fedcli.federate.progress import RoundProgress
 
     path = recipe(tmp_path, strategies=("feder",))
     reference = tmp_path / "reference"
@@ -157,7 +157,7 @@ def test_an_interrupted_federate_unit_continues_from_its_last_round(cli, tmp_pat
 
     # resumed after a code change on another CPU: the environment is recorded, never compared
     environment.cache_clear()
-    monkeypatch.setattr(fedcli.environment, "git_commit", lambda: "another commit")
+    monkeypatch.setattr(fedcli.core.environment, "git_commit", lambda: "another commit")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "another CPU")
     output = cli.ok("run", path, "--exp", exp, "--set", "federate.rounds=3").stdout
     assert "feder: resuming from the last completed round" in output and "starting over" not in output
@@ -409,7 +409,7 @@ def test_a_sub_experiment_starts_from_an_earlier_ones_phase1_where_only_later_op
     """Runner.shared_phase1: a StyleGAN train-gan whose options up to phase 2 and partition equal an earlier
     sub-experiment's gets --phase1-from that one (where it kept every node's state); another phase 1, another
     partition, DP or a dry run trains its own."""
-    from fedcli.config import GanConfig
+    from fedcli.generators.config import GanConfig
     from fedcli.pipeline.runner import Runner
 
     first, second = tmp_path / "a", tmp_path / "b"

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from conftest import copy_pneumonia
-from fedcli.config import PartitionConfig
+from fedcli.core.errors import UserError
 from fedcli.data import acquisition, schemes
 from fedcli.data.loading import load_images
 from fedcli.data.partition import make_manifest
 from fedcli.data.records import Sample
 from fedcli.data.skew import mean_pairwise_js, mean_pairwise_ks
 from fedcli.data.splits import NodeError, split_node
-from fedcli.errors import UserError
+from fedcli.experiment.config import PartitionConfig
 
 
 def samples(labels, groups=None):

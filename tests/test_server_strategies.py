@@ -10,19 +10,19 @@ import pandas as pd
 import pytest
 import torch
 
+from fedcli.comm.transport import all_reduce_bytes
+from fedcli.core.rng import torch_stream
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl import engine, stage
-from fedcli.fl.engine import Federation
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.local import Batches, LocalSettings, train_local
-from fedcli.fl.objectives import Supervised
-from fedcli.fl.server_optimizers import ServerOptimizer
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.scaffold import Corrected
-from fedcli.fl.transport import all_reduce_bytes
+from fedcli.federate import engine, stage
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.engine import Federation
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategies.scaffold import Corrected
+from fedcli.federate.strategies.server_optimizers import ServerOptimizer
 from fedcli.models.classifier import build_classifier
-from fedcli.rng import torch_stream
+from fedcli.training.local import Batches, LocalSettings, train_local
+from fedcli.training.objectives import Supervised
 
 ONE_THREAD = ["--threads", "1"]
 

@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
-from fedcli.artifacts import load_tensors
 from fedcli.audit.shared_attacks import Attack, decoy_scores, in_matched_order
+from fedcli.core.rng import torch_stream
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
+from fedcli.experiment.artifacts import load_tensors
 from fedcli.models.classifier import build_classifier
 from fedcli.models.cuts import split
-from fedcli.rng import torch_stream
 
 RECIPE = """
 [partition]
@@ -142,7 +142,7 @@ def test_chance_pairs_decoys_with_a_batch_as_its_reconstructions_were_paired_and
     """Decoys that are near copies of the attacked images: matched to a gradient batch they "rebuild" every image
     whose copy was drawn; in the order a latent attack keeps, only those drawn in their own image's place."""
     from fedcli.data.sources.digits import load_digit_images
-    from fedcli.gan.perceptual import Perceptual
+    from fedcli.generators.perceptual import Perceptual
 
     originals = torch.from_numpy(load_digit_images()[0][:4]).unsqueeze(1) * 2 - 1
     others = torch.cat([originals + 0.01, torch.zeros(1, *originals.shape[1:])])  # four copies and a blank

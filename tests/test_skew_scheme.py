@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from conftest import make_folders
-from fedcli.config import PartitionConfig
+from fedcli.core.errors import UserError
 from fedcli.data import schemes
 from fedcli.data.partition import make_manifest
 from fedcli.data.records import Sample
 from fedcli.data.skew import label_distributions, mean_pairwise_ks, mean_pairwise_tv
 from fedcli.data.target_skew import equal_sizes, round_keeping_sums, sorted_split
-from fedcli.errors import UserError
+from fedcli.experiment.config import PartitionConfig
 
 
 def binary(positives: int, negatives: int) -> list[Sample]:

@@ -1,5 +1,6 @@
-"""Phase 1's snapshot rule on noisy FID traces (fedcli/gan/selection.py), and the flags on a released buffer
-whose fidelity is below chance or below its control's (fedcli/gan/fidelity.py shortfalls)."""
+"""Phase 1's snapshot rule on noisy FID traces (fedcli/generators/stylegan2/selection.py), and the flags on a released
+buffer
+whose fidelity is below chance or below its control's (fedcli/generators/fidelity.py shortfalls)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import types
 import pytest
 import torch
 
-from fedcli.gan import fidelity
-from fedcli.gan.stage import warn_low_fidelity
-from fedcli.gan.train import TrainSettings, standard_phase
-from fedcli.report import study
+from fedcli.generators import fidelity
+from fedcli.generators.stage import warn_low_fidelity
+from fedcli.generators.stylegan2.train import TrainSettings, standard_phase
+from fedcli.report import summaries
 from fedcli.report.tables import gan_table
 
 # A chest X-ray node's phase 1 as issue 31 met it, checked every 25 iterations to 400: the generator
@@ -158,7 +159,7 @@ def test_flagged_buffers_are_named_in_one_warning_line_and_in_the_stage_table(ca
 def test_the_report_names_flagged_buffers_in_its_gan_table():
     experiment = types.SimpleNamespace(gans=[summary("a", [fidelity.BELOW_CHANCE]), summary("b", [])],
                                        run=lambda strategy: None)
-    built = study.gan_summary([experiment])
+    built = summaries.gan_summary([experiment])
     assert list(built.frame["flags"]) == ["below chance 1/1", ""]
     assert "Flagged released buffers: a (below chance" in built.note
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import copy_pneumonia, make_folders, make_isic, make_tuberculosis, write_png
-from fedcli.config import PartitionConfig
 from fedcli.data.dataset import NodeDataset
 from fedcli.data.manifest import Manifest
 from fedcli.data.partition import make_manifest
 from fedcli.data.sources import isic2019, medmnist, tuberculosis
+from fedcli.experiment.config import PartitionConfig
 
 
 def balanced(records) -> bool:
@@ -95,7 +95,7 @@ def test_medmnist_pools_all_splits_of_the_real_file(tmp_path):
 
 
 def test_medmnist_refuses_ambiguous_folders_and_multilabel(tmp_path):
-    from fedcli.errors import UserError
+    from fedcli.core.errors import UserError
 
     np.savez(tmp_path / "a.npz", train_images=np.zeros((4, 28, 28), np.uint8), train_labels=np.zeros((4, 3)))
     with pytest.raises(UserError, match="multi-label"):

@@ -9,17 +9,17 @@ import copy
 import pytest
 import torch
 
+from fedcli.comm.payloads import encode_features
+from fedcli.comm.transport import InProcessTransport
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl import engine
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.local import Batches, LocalSettings, batch_bounds, train_local
-from fedcli.fl.payloads import encode_features
-from fedcli.fl.split_training import Link, train_split
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.transport import InProcessTransport
+from fedcli.federate import engine
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies import REGISTRY
 from fedcli.models.classifier import build_classifier
 from fedcli.models.cuts import CUTS, split
+from fedcli.training.local import Batches, LocalSettings, batch_bounds, train_local
+from fedcli.training.split import Link, train_split
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +53,12 @@ def test_split_training_of_one_institution_equals_training_the_whole_network(opt
     generator = torch.Generator().manual_seed(1)
     source = TensorSource(torch.randint(0, 256, (70, 1, 16, 16), dtype=torch.uint8, generator=generator),
                           torch.randint(0, 3, (70,), generator=generator))
-    settings = LocalSettings(epochs=2, lr=0.01, batch=16, augment=("hflip",), schedule="cosine",
-                             optimizer_name=optimizer, momentum=0.9, weight_decay=1e-3)
+    settings = LocalSettings(epochs=2, lr=0.01, batch=16, augment=("hflip",), lr_schedule="cosine",
+                             optimizer=optimizer, sgd_momentum=0.9, weight_decay=1e-3)
     whole = build_classifier("cnn", 1, 3, init_seed=0)
     model = copy.deepcopy(whole)
     bottom, top = split(model, "cnn", "stem")
-    transport = InProcessTransport()
+    transport = InProcessTransport(REGISTRY.transfer_kinds())
     link = Link(transport, 1, "hospital", "server", (32, 8, 8), 3)
     steps = train_split(bottom, top, Batches(source, None, settings, torch.Generator().manual_seed(5)),
                         2 * len(batch_bounds(70, 16)), settings, link)

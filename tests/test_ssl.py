@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from conftest import Cli, copy_exp
+from fedcli.core.rng import torch_stream
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl import stage
-from fedcli.config import to_json
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.fixmatch import FixMatch, FixMatchSettings, with_fixmatch
-from fedcli.fl.local import Batches, LocalSettings
-from fedcli.fl.objectives import Supervised
-from fedcli.fl.strategies.fedprox import Proximal
+from fedcli.experiment.config import to_json
+from fedcli.federate import stage
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies.fedprox import Proximal
 from fedcli.pipeline.runner import federate_key
-from fedcli.rng import torch_stream
+from fedcli.training.fixmatch import FixMatch, FixMatchSettings, with_fixmatch
+from fedcli.training.local import Batches, LocalSettings
+from fedcli.training.objectives import Supervised
 
 RUN = dict(rounds=2, epochs=1, init_epochs=0, batch=8, bootstrap=10, threads=1, ssl="fixmatch", unlabeled_ratio=2,
            steps_per_round=4)
@@ -88,13 +88,13 @@ def test_fixmatch_changes_what_ssfl_learns(ssfl, few, tmp_path):
 def test_every_epoch_is_steps_per_round_batches_whatever_the_sources_size():
     source = TensorSource(torch.zeros(5, 1, 4, 4, dtype=torch.uint8), torch.zeros(5, dtype=torch.long))
     for epochs, steps in ((1, 7), (2, 3)):
-        settings = LocalSettings(epochs=epochs, lr=0.1, batch=4, epoch_steps=steps)
+        settings = LocalSettings(epochs=epochs, lr=0.1, batch=4, steps_per_round=steps)
         batches = list(Batches(source, None, settings, torch_stream(0, "steps")))
         assert len(batches) == epochs * steps and all(len(b.labels) == 4 for b in batches)
 
 
 def test_the_new_options_leave_a_runs_fingerprint_unchanged_until_used(tmp_path):
-    from fedcli.fl.runs import computed
+    from fedcli.federate.strategy_runs import computed
 
     base = FederateConfig(exp=tmp_path, strategy=("fedavg",))
     new = {"ssl", "steps_per_round", "confidence", "lambda_u", "unlabeled_ratio"}

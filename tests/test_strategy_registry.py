@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from conftest import Cli, copy_exp
-from fedcli.artifacts import load_tensors, read_json
-from fedcli.errors import UserError
-from fedcli.fl import stage
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.strategies import REGISTRY, Registry
-from fedcli.fl.strategies.base import ENSEMBLE, GLOBAL_TEST, LABELS, Declaration, option
+from fedcli.core.errors import UserError
+from fedcli.experiment.artifacts import load_tensors, read_json
+from fedcli.federate import stage
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies import REGISTRY, Registry
+from fedcli.federate.strategies.base import ENSEMBLE, GLOBAL_TEST, LABELS, Declaration, option
 from fedcli.pipeline.runner import federate_key
-from fedcli.report import study
+from fedcli.report import feder_study
 from fedcli.report.collect import load_experiment
 
 NAMES = REGISTRY.names()
@@ -159,7 +159,7 @@ def test_every_strategy_that_runs_on_both_engines_gives_the_in_process_numbers_d
     for node in ("node0", "node1", "node2"):
         assert (exp / "logs" / f"{node}.log").is_file()
     assert not list((exp / "federate").glob(".*checkpoint"))
-    tables = [study.table8(load_experiment(e), "accuracy").frame for e in (reference, exp)]
+    tables = [feder_study.table8(load_experiment(e), "accuracy").frame for e in (reference, exp)]
     training_columns = [c for c in tables[1].columns if not c.startswith("eval")]
     assert tables[0].loc[DISTRIBUTED, training_columns].astype(str).equals(tables[1][training_columns].astype(str))
     assert "eval (MB)" in tables[1].columns and "eval (MB)" not in tables[0].columns
@@ -208,7 +208,7 @@ def test_no_node_may_take_a_model_key_that_a_strategy_produces():
 
 def test_strategies_are_listed_in_the_registrys_one_order_and_an_unlisted_one_follows():
     """The order was an integer in each module, with three collisions decided by file names."""
-    from fedcli.fl.strategies import ORDER
+    from fedcli.federate.strategies import ORDER
 
     assert REGISTRY.names() == tuple(n for n in ORDER if n in REGISTRY.names())
     assert set(REGISTRY.names()) == set(ORDER)

@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 
 from conftest import TINY_GAN, Cli, copy_exp, tiny_gan_exp
-from fedcli.artifacts import tensor_metadata
 from fedcli.data.manifest import content_hash
+from fedcli.experiment.artifacts import tensor_metadata
 
 TINY = TINY_GAN
 
@@ -184,7 +184,7 @@ def test_corrupt_checkpoint_is_refused(cli, tmp_path, gan_exp):
     checkpoint.write_bytes(checkpoint.read_bytes()[:200])
     line = cli.user_error("train-gan", "--exp", exp, "--node", "node1", "--sample-only")
     assert "generator checkpoint" in line and "corrupt" in line
-    from fedcli.artifacts import save_tensors
+    from fedcli.experiment.artifacts import save_tensors
 
     save_tensors(checkpoint, {"weight": torch.zeros(3)})  # refused by the sha256 config.json recorded
     assert "was replaced" in cli.user_error("train-gan", "--exp", exp, "--node", "node1", "--sample-only")
@@ -208,9 +208,9 @@ def test_select_fidelity_keeps_the_phase1_snapshot_whose_buffer_teaches_best(tmp
     from fedcli.data.dataset import NodeDataset
     from fedcli.data.manifest import Manifest
     from fedcli.data.tensor_source import TensorSource
-    from fedcli.gan.fidelity import selection_judge
-    from fedcli.gan.kinds import load_generator
-    from fedcli.config import GanConfig
+    from fedcli.generators.fidelity import selection_judge
+    from fedcli.generators.registry import load_generator
+    from fedcli.generators.config import GanConfig
 
     exp = tmp_path / "exp"
     cli = Cli()

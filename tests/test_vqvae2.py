@@ -12,21 +12,22 @@ import pytest
 import torch
 
 from conftest import copy_exp
-from fedcli import progress
-from fedcli.artifacts import load_tensors
-from fedcli.config import GAN_ENGINE_OPTIONS
+from fedcli.comm.payloads import encode_model
+from fedcli.core import progress
+from fedcli.core.errors import UserError
+from fedcli.core.rng import torch_stream
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
-from fedcli.errors import UserError
-from fedcli.fl import engine
-from fedcli.fl.federate_config import FederateConfig
-from fedcli.fl.payloads import encode_codes, encode_model
-from fedcli.fl.strategies.code_replay import CodeReplayOptions, replayed
-from fedcli.gan import vqvae2
-from fedcli.rng import torch_stream
-from fedcli.vqvae.codec import load_codec
-from fedcli.vqvae.networks import VqArchitecture, VqVae2, encode_all, loss
-from fedcli.vqvae.quantizer import Quantizer, perplexity
+from fedcli.experiment.artifacts import load_tensors
+from fedcli.federate import engine
+from fedcli.federate.config import FederateConfig
+from fedcli.federate.strategies.code_replay import CodeReplayOptions, replayed
+from fedcli.generators.config import GAN_ENGINE_OPTIONS
+from fedcli.generators.registry import node_codec
+from fedcli.generators.vqvae2 import kind as vqvae2
+from fedcli.generators.vqvae2.codes import encode_codes
+from fedcli.generators.vqvae2.networks import VqArchitecture, VqVae2, encode_all, loss
+from fedcli.generators.vqvae2.quantizer import Quantizer, perplexity
 
 STAMP = re.compile(r"^\d\d:\d\d:\d\d ")  # a plain progress line's time
 TINY_VQ = ["--generator", "vqvae2", "--iterations", "120", "--batch", "16", "--vq-channels", "32", "--vq-codebook",
@@ -187,7 +188,7 @@ def test_the_final_decoder_reproduces_the_image_of_every_shared_code(chain):
     last = seen[-1]["images"]
     start = 0
     for node in nodes:
-        codec = load_codec(exp, manifest, node, "test")
+        codec = node_codec(exp, manifest, node, "test")
         stood_for = last[start:start + len(codec.codes)]  # at the last institution: the image each code encodes
         start += len(codec.codes)
         again = encode_all(codec.vqvae, stood_for, codec.codes.labels, "cpu")
@@ -295,7 +296,7 @@ def test_the_serial_chain_bytes_are_the_payloads_it_sent(chain):
     exp, _ = chain
     manifest = Manifest.load(exp)
     nodes = manifest.node_names
-    codecs = {node: load_codec(exp, manifest, node, "test") for node in nodes}
+    codecs = {node: node_codec(exp, manifest, node, "test") for node in nodes}
     model = len(encode_model(codecs[nodes[0]].vqvae.state_dict()))
     for k, node in enumerate(nodes):
         serial = json.loads((exp / "gan" / node / "config.json").read_text())["serial"]
@@ -312,14 +313,14 @@ def test_cwt_replay_decodes_every_institutions_codes_with_the_final_decoder(chai
     fed = engine.build(FederateConfig(exp=exp, strategy=("cwt-replay",)), manifest, 0)
     union = replayed(fed, CodeReplayOptions())
     for node in fed.nodes:
-        codec = load_codec(exp, manifest, node, "test")
-        expected = torch.cat([codec.decoded(load_codec(exp, manifest, n, "test").codes, "cpu").images
+        codec = node_codec(exp, manifest, node, "test")
+        expected = torch.cat([codec.decoded(node_codec(exp, manifest, n, "test").codes, "cpu").images
                               for n in fed.nodes])
         assert torch.equal(union[node].images, expected)
     codes_sent = [t for t in fed.transport.transfers if t.kind == "codes"]
     assert {(t.sender, t.receiver) for t in codes_sent} == {(a, b) for a in fed.nodes for b in fed.nodes if a != b}
     for t in codes_sent:  # bytes exact: each node's codes payload, 2 x (4 + 16) int16 indices + a label per image
-        codes = load_codec(exp, manifest, t.sender, "test").codes
+        codes = node_codec(exp, manifest, t.sender, "test").codes
         assert t.bytes == len(encode_codes({t.sender: codes}))
         assert t.bytes - len(codes) * (2 * (2 * 2 + 4 * 4) + 8) < 400  # the safetensors header
 
@@ -372,9 +373,9 @@ def test_a_recipe_gives_what_its_tables_set_and_a_variant_gives_up_what_it_reset
     """Issue 58: an option was known as given only when it differed from its default, so `alpha = 1.0` (the
     default) reached a VQ-VAE-2 unread; a variant that sets an option back to its default gives it up, so one
     recipe can hold StyleGAN rows and VQ-VAE-2 rows."""
-    from fedcli.config import to_json
-    from fedcli.gan.kinds import generator_kind
-    from fedcli.gan.node_training import check_options
+    from fedcli.experiment.config import to_json
+    from fedcli.generators.registry import generator_kind
+    from fedcli.generators.node_training import check_options
     from fedcli.pipeline.recipe import Recipe
 
     path = tmp_path / "r.toml"
@@ -392,7 +393,8 @@ def test_a_recipe_gives_what_its_tables_set_and_a_variant_gives_up_what_it_reset
 
 def test_code_replay_on_a_gan_experiment_is_refused_in_one_line(gan3_exp, tmp_path, cli):
     gan = copy_exp(gan3_exp, tmp_path / "gan")
-    assert "replays VQ-VAE-2 codes" in cli.user_error("federate", "--exp", gan, "--strategy", "cwt-replay", *FED)
+    assert "replays codes, and node node0's generator is a stylegan2" in cli.user_error(
+        "federate", "--exp", gan, "--strategy", "cwt-replay", *FED)
 
 
 def test_a_vqvae2_is_audited_through_its_buffer_and_refuses_the_projection_only_options(chain, tmp_path, cli):
@@ -415,7 +417,7 @@ def test_a_vqvae2_is_audited_through_its_buffer_and_refuses_the_projection_only_
 
 
 def test_the_engine_options_leave_a_train_gan_units_fingerprint_unchanged(tmp_path):
-    from fedcli.config import GanConfig
+    from fedcli.generators.config import GanConfig
     from fedcli.pipeline.runner import plain
 
     base = GanConfig(exp=tmp_path, generator="vqvae2")

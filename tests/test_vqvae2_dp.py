@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from conftest import Cli, copy_exp
-from fedcli.cli import audit_phase2_note
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
-from fedcli.gan import private, vqvae2
-from fedcli.vqvae.networks import VqArchitecture, VqVae2
+from fedcli.generators import private
+from fedcli.generators.vqvae2 import kind as vqvae2
+from fedcli.generators.vqvae2.networks import VqArchitecture, VqVae2
+from fedcli.report.tables import audit_phase2_note
 
 DP_VQ = ["--generator", "vqvae2", "--iterations", "6", "--batch", "16", "--vq-channels", "8", "--vq-codebook", "8",
          "--vq-dim", "4", "--prior-iterations", "4", "--prior-channels", "4", "--prior-layers", "1", "--buffer-size",
@@ -96,7 +97,7 @@ def test_each_images_gradient_is_its_own_and_the_sum_moves_by_at_most_c_per_imag
             assert torch.allclose(batched[name][i], g, atol=1e-6), name
     assert batched["quant_t.embed"].abs().sum() > 0 and batched["quant_b.embed"].abs().sum() > 0  # codebooks learn
     # the priors' per-image gradient, over both, is autograd on that image's code maps alone
-    from fedcli.gan.code_prior import PriorArchitecture
+    from fedcli.generators.vqvae2.prior import PriorArchitecture
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1)

@@ -15,7 +15,7 @@ import torch
 import torchvision.models
 from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
 
-from fedcli import weights
+from fedcli.core import weights
 
 
 class FakeResponse:

@@ -4,7 +4,7 @@ Attacked: every model a node holds or received at the end of training whose trai
 shared model (FedAvg's `global`) for every node; a travelling one (FedER's, cyclic's: `models/<node>`, where it
 stopped) for every node it trained at, traced back over the ring in comm.csv (with fewer rounds than nodes, a model
 has not visited them all); a node's own model (FedBN's, averaged over every node) for that node. Per node the
-pool: members, its class-matched train images (replay/groups.py, every one the test split can match), and as many
+pool: members, its class-matched train images (generators/groups.py, every one the test split can match), and as many
 class-matched test images, which no model trained on. FedER-B's models train on buffers alone: there "members"
 are the images the node's GAN trained on, so the attack reads what the buffers pass on.
 
@@ -12,8 +12,8 @@ are the images the node's GAN trained on, so the attack reads what the buffers p
   mode, lower for members, read as effects.membership's AUROC (two-sided, with its direction).
 - The LiRA game (`--classifier-references K`, audit/lira.py) on LiRA's statistic, the true class's logit-scaled
   confidence log(p / (1 - p)), computed stably as its logit minus the logsumexp of the other logits. K reference
-  classifiers per node, each trained exactly as the standalone strategy trains a node's model (fl/strategies/
-  pooled.py: fl/trainer.py's LocalTrainer under the federation's recorded model, optimiser, learning rate and its
+  classifiers per node, each trained exactly as the standalone strategy trains a node's model (federate/strategies/
+  pooled.py: training/settings.py's LocalTrainer under the federation's recorded model, optimiser, learning rate and its
   schedule, batch, init-epochs + R x E epochs), from its own keyed initialisation and streams, on the node's train
   images outside the pool plus one of complementary halves of the pool: as many images as the node holds, every
   pooled image IN for K / 2 of them. The target is the last row, IN for exactly the members; delta is
@@ -41,19 +41,19 @@ from torch import nn
 
 from fedcli.audit import lira
 from fedcli.audit.effects import membership
+from fedcli.core.rng import numpy_stream, stream_seed
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
+from fedcli.data.node_data import NodeImages
 from fedcli.data.tensor_source import TensorSource
-from fedcli.fl import engine
-from fedcli.fl.federate_config import ENGINE_OPTIONS, FederateConfig, SharedOptions
-from fedcli.fl.node_data import NodeImages
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.base import NODES
-from fedcli.fl.trainer import LocalTrainer
-from fedcli.layout import federate_dir
+from fedcli.experiment.paths import federate_dir
+from fedcli.federate import engine
+from fedcli.federate.config import ENGINE_OPTIONS, FederateConfig, SharedOptions
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategies.base import NODES
+from fedcli.generators.groups import complementary_halves, matched_groups
 from fedcli.predict import load_model
-from fedcli.replay.groups import complementary_halves, matched_groups
-from fedcli.rng import numpy_stream, stream_seed
+from fedcli.training.settings import LocalTrainer
 
 STATISTIC = "log(p / (1 - p)) of the true class: its logit minus the logsumexp of the other logits"
 LOSS_ATTACK = "Yeom et al. 2018: the true label's cross-entropy under the model in eval mode, lower = member"

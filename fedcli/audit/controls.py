@@ -19,15 +19,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedcli.gan.networks import class_mean_start
-from fedcli.rng import stream_seed, torch_stream
+from fedcli.core.rng import stream_seed, torch_stream
+from fedcli.generators.stylegan2.networks import class_mean_start
 
 SHARPNESS = 10.0  # softmax temperature: w of unit scale picks one member
 
 
 class Memoriser(nn.Module):
     """A generator that stores `members` ([-1, 1] images) and renders mixtures of them: a Sampler and
-    Invertible (fedcli/generators.py) with the audited kind's latent sizes."""
+    Invertible (fedcli/generators/protocol.py) with the audited kind's latent sizes."""
 
     def __init__(self, members: torch.Tensor, z_dim: int, w_dim: int, stream: torch.Generator):
         super().__init__()

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedcli.plotting import pyplot, save_figure
+from fedcli.experiment.plotting import pyplot, save_figure
 
 LABELS = {"standard": "standard GAN (phase 1)", "control": "control (phase 2 at alpha 0)",
           "privacy": "privacy-preserving GAN (phase 2)", "reference": "reference GAN (without the members)",

@@ -1,11 +1,11 @@
-"""Progress of projection: images done, steps/s, current mean distance (fedcli/progress.py: a rich bar on a
+"""Progress of projection: images done, steps/s, current mean distance (fedcli/core/progress.py: a rich bar on a
 terminal, plain lines elsewhere)."""
 
 from __future__ import annotations
 
 from rich.progress import TextColumn
 
-from fedcli.progress import ProgressBar
+from fedcli.core.progress import ProgressBar
 
 
 class ProjectionProgress(ProgressBar):

@@ -1,7 +1,8 @@
 """Latent backprojection after the StyleGAN2 projector, for many images at once.
 
 Each target image gets its own w (W space, one w per image, broadcast to every layer), starting
-from the generator's start for it (StyleGAN: its class's mean w). All w of a batch are optimised together with Adam: the loss is the sum
+from the generator's start for it (StyleGAN: its class's mean w). All w of a batch are optimised together with Adam: the
+loss is the sum
 of the per-image LPIPS, so the images do not interact. The learning rate ramps up over the first
 5% of the steps and down (cosine) over the last 25%; early on, Gaussian noise shrinking to zero
 is added to w to explore, as in the projector. Per-layer noise inputs stay fixed (`const`) unless
@@ -23,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from fedcli.gan.perceptual import Perceptual
+from fedcli.generators.perceptual import Perceptual
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,8 @@ the privacy loss, trained as long as the privacy generator) leaks membership on 
 its membership AUROC's 95% interval lies above `threshold`, or below 1 - `threshold` (members further than
 non-members, which an attacker flips). 0.6 by default: 40 members against 40 non-members resolve about +-0.13, so
 the point estimate must reach about 0.73. The settings are swept on the recipe's `[regime] seed` (a seed the
-recipe does not report, so that the seed that picked the regime is not one read with it). The recipe lists its grid's settings in the order it will try them
+recipe does not report, so that the seed that picked the regime is not one read with it). The recipe lists its grid's
+settings in the order it will try them
 (cheapest first); the regime is the first setting that meets the rule, and the sweep stops there. A sweep in which
 no setting meets it says so and chooses none: the methods are then not compared on a leak that is not there.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from fedcli.artifacts import read_json
+from fedcli.experiment.artifacts import read_json
 
 THRESHOLD = 0.6
 READ = "control"  # the generator whose leak the rule reads: phase 2 at alpha 0

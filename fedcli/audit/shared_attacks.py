@@ -43,19 +43,19 @@ import pandas as pd
 import torch
 from torch import nn
 
-from fedcli.artifact_kinds import file_sha256, record_files
-from fedcli.artifacts import (check_output_free, load_tensors, provenance, read_json, staged_output, write_csv,
-                              write_json)
 from fedcli.audit import classifier_membership, figures, inversion, scores
 from fedcli.audit.effects import clopper_pearson
+from fedcli.core.errors import UserError
+from fedcli.core.rng import stream_seed, torch_stream
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
-from fedcli.errors import UserError
-from fedcli.fl.strategies import REGISTRY
-from fedcli.layout import attacks_dir, federate_dir
+from fedcli.experiment.artifact_kinds import file_sha256, record_files
+from fedcli.experiment.artifacts import (check_output_free, load_tensors, provenance, read_json, staged_output,
+                                         write_csv, write_json)
+from fedcli.experiment.paths import attacks_dir, federate_dir
+from fedcli.federate.strategies import REGISTRY
 from fedcli.models.classifier import build_classifier
 from fedcli.models.cuts import split
-from fedcli.rng import stream_seed, torch_stream
 
 GRADIENT_BATCHES = (1, 4, 8)  # the reference study's
 ROUND_UPDATE_IMAGES = 128  # a round update over more images is not attacked (the inversion's cost grows with them)

@@ -4,7 +4,7 @@ For each node: members (train images, seen by the GAN) and size-matched, class-s
 non-members (test images); the privacy-preserving generator (phase 2) and its alpha-0 control (and,
 with --standard, the phase-1 generator) project every image from the same start (the standard
 generator's start for the image's class: StyleGAN's class-mean w) and the same per-image random stream,
-keyed by the image's id, through their kind's Invertible protocol (fedcli/generators.py). The privacy
+keyed by the image's id, through their kind's Invertible protocol (fedcli/generators/protocol.py). The privacy
 loss's effect is the paired per-image ratio of the privacy generator's distance to the control's,
 in the training LPIPS, in pixels and in an audit-only LPIPS network that shares no weights with the
 loss (fedcli/audit/effects.py); projection distances also feed membership inference and
@@ -31,29 +31,29 @@ import pandas as pd
 import torch
 from torch import nn
 
-from fedcli import console
-from fedcli.artifact_kinds import AUDITED, AUDITED_CONTROLS, file_sha256, record_files
-from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
 from fedcli.audit import controls, effects, figures, lira, scores
-from fedcli.audit.progress import ProjectionProgress
 from fedcli.audit.inversion import InversionSettings
+from fedcli.audit.progress import ProjectionProgress
 from fedcli.audit.projection import ProjectionSettings, project
 from fedcli.audit.shared_attacks import run_attacks, shared_strategies
-from fedcli.config import AuditConfig, to_json
+from fedcli.core import console
+from fedcli.core.devices import resolve_device, with_threads
+from fedcli.core.errors import UserError
+from fedcli.core.rng import numpy_stream, torch_stream
+from fedcli.core.weights import hub_checkpoint
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
-from fedcli.devices import resolve_device, with_threads
-from fedcli.errors import UserError
-from fedcli.gan.kinds import load_generator, recorded_kind
-from fedcli.gan.perceptual import HUB_FILES, Perceptual
-from fedcli.gan.private import default_delta
-from fedcli.locking import locked
-from fedcli.layout import BUFFER, GENERATOR_REFERENCE, attacks_dir, audit_dir, gan_dir, lira_generator
-from fedcli.replay.buffer import load_buffer_file, sample_buffer
-from fedcli.replay.groups import matched_groups
-from fedcli.replay.record import read_gan_config
-from fedcli.rng import numpy_stream, torch_stream
-from fedcli.weights import hub_checkpoint
+from fedcli.experiment.artifact_kinds import AUDITED, AUDITED_CONTROLS, file_sha256, record_files
+from fedcli.experiment.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
+from fedcli.experiment.config import AuditConfig, to_json
+from fedcli.experiment.locking import locked
+from fedcli.experiment.paths import BUFFER, GENERATOR_REFERENCE, attacks_dir, audit_dir, gan_dir, lira_generator
+from fedcli.generators.buffer import load_buffer_file, sample_buffer
+from fedcli.generators.groups import matched_groups
+from fedcli.generators.perceptual import HUB_FILES, Perceptual
+from fedcli.generators.private import default_delta
+from fedcli.generators.record import read_gan_config
+from fedcli.generators.registry import load_generator, recorded_kind
 
 GENERATORS = {name: file for name, file in AUDITED.items() if name != "buffer"}
 INDEPENDENT_SEED = 1  # the audit-only LPIPS network's backbone seed (training's random backbone uses 0)
@@ -590,7 +590,8 @@ def verdict(summary: dict, cfg: AuditConfig) -> dict:
     """fail on evidence of a leak, pass on evidence against one, inconclusive otherwise; every test two-sided (a
     reversed signal, members further than non-members, fails and is named reversed). A leak: any membership attack
     on the released generator or buffer (effects.membership_attacks) with strength (the better direction's AUROC)
-    above --max-auroc and two-sided p below ALPHA over the number of attacks (Bonferroni: the verdict reads the strongest
+    above --max-auroc and two-sided p below ALPHA over the number of attacks (Bonferroni: the verdict reads the
+    strongest
     of several); members rebuilt more or less often than non-members (p < ALPHA); the buffer's closest records
     members, or non-members, in a share beyond --max-auroc (p < ALPHA); members' median distance to the buffer
     under --min-distance. A pass needs every attack's AUROC interval and the buffer share's within

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedcli.rng import numpy_stream
+from fedcli.core.rng import numpy_stream
 
 ACQUISITIONS: list[dict] = [
     {"name": "gamma", "gamma": 0.5},

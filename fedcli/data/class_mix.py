@@ -9,9 +9,9 @@ class-stratified draw), and as many images stay as the share allows. The node's 
 
 from __future__ import annotations
 
+from fedcli.core.errors import UserError
 from fedcli.data.records import Sample
 from fedcli.data.splits import smaller_train
-from fedcli.errors import UserError
 
 
 def parse(given: tuple[str, ...], label_names: list[str]) -> dict[str, tuple[int, float]]:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from fedcli.artifacts import canonical_json, load_tensors, save_tensors, sha256_bytes
 from fedcli.data.loading import load_images
 from fedcli.data.manifest import Manifest
+from fedcli.experiment.artifacts import canonical_json, load_tensors, save_tensors, sha256_bytes
 
 
 def to_float(images: torch.Tensor) -> torch.Tensor:

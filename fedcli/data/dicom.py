@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcli.errors import UserError
+from fedcli.core.errors import UserError
 
 SUFFIX = ".dcm"
 GRAY = ("MONOCHROME1", "MONOCHROME2")

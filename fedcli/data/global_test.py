@@ -10,9 +10,9 @@ evaluation only; no node trains on it, so scoring on it sends nothing.
 
 from __future__ import annotations
 
+from fedcli.core.errors import UserError
+from fedcli.core.rng import numpy_stream
 from fedcli.data.records import Sample
-from fedcli.errors import UserError
-from fedcli.rng import numpy_stream
 
 STREAM = (0, "global-test")  # the draw's key: fixed, not the partition's seed
 

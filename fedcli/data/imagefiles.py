@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcli.core.errors import UserError
 from fedcli.data import dicom
 from fedcli.data.graham import graham
 from fedcli.data.pixelscale import DICOM, EIGHT_BIT, Pixels, Scale, deep_pixels
-from fedcli.errors import UserError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".gif", ".webp", dicom.SUFFIX}
 GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}

@@ -27,11 +27,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedcli.artifacts import read_json
+from fedcli.core.errors import UserError
+from fedcli.core.rng import numpy_stream
 from fedcli.data.shared_set import balanced_draw
-from fedcli.errors import UserError
-from fedcli.layout import HIDDEN_LABELS, partition_dir
-from fedcli.rng import numpy_stream
+from fedcli.experiment.artifacts import read_json
+from fedcli.experiment.paths import HIDDEN_LABELS, partition_dir
 
 LABELED, UNLABELED, VALIDATION, HELD_APART = "train", "unlabeled", "validation", "held_apart"
 NO_NODE = "none"  # --labeled-nodes none: labels only in the held-apart set

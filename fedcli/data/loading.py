@@ -15,10 +15,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedcli.core.errors import UserError
 from fedcli.data import acquisition
 from fedcli.data.imagefiles import decode_image
 from fedcli.data.manifest import Manifest
-from fedcli.errors import UserError
 
 CHUNK = 512  # images converted per step, so float copies stay small at large sizes
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from fedcli.artifacts import canonical_json, read_json, sha256_bytes
-from fedcli.config import MAX_IMAGE_SIZE
+from fedcli.core.errors import UserError
 from fedcli.data.pixelscale import Scale
-from fedcli.errors import UserError
-from fedcli.names import check_name, check_names
+from fedcli.experiment.artifacts import canonical_json, read_json, sha256_bytes
+from fedcli.experiment.config import MAX_IMAGE_SIZE
+from fedcli.experiment.names import check_name, check_names
 
 SCHEMA = "fedcli.manifest/1"
 UNHASHED = ("content_hash", "data_root", "statistics", "dropped", "positive_class")  # none decides a pixel or label

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedcli.artifacts import read_json
+from fedcli.core.errors import UserError
 from fedcli.data.manifest import REQUIRED, Manifest, check_content, content_hash, manifest_path
-from fedcli.errors import UserError
-from fedcli.layout import inside
+from fedcli.experiment.artifacts import read_json
+from fedcli.experiment.paths import inside
 
 NODE_SCHEMA = "fedcli.node-manifest/1"
 

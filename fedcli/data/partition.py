@@ -8,8 +8,8 @@ import itertools
 from collections.abc import Collection
 from pathlib import Path
 
-from fedcli.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
-from fedcli.config import PartitionConfig, to_json
+from fedcli.core.devices import with_threads
+from fedcli.core.errors import UserError
 from fedcli.data import acquisition, class_mix, global_test, label_parts, pixelscale, schemes, shared_set
 from fedcli.data.manifest import SCHEMA, Manifest, content_hash
 from fedcli.data.node_manifest import node_view
@@ -17,11 +17,11 @@ from fedcli.data.records import Sample, SourceData
 from fedcli.data.sources import read_source
 from fedcli.data.splits import NodeError, split_node, test_classes
 from fedcli.data.summary import skew_of, skew_statistics, summary_frame, write_summary_png
-from fedcli.devices import with_threads
-from fedcli.errors import UserError
-from fedcli.layout import HIDDEN_LABELS, inside, partition_dir
-from fedcli.locking import locked
-from fedcli.names import check_names, check_not_reserved
+from fedcli.experiment.artifacts import check_output_free, provenance, staged_output, write_csv, write_json
+from fedcli.experiment.config import PartitionConfig, to_json
+from fedcli.experiment.locking import locked
+from fedcli.experiment.names import check_names, check_not_reserved
+from fedcli.experiment.paths import HIDDEN_LABELS, inside, partition_dir
 
 DEFAULT_NODES = 3
 DIRICHLET_DRAWS = 100  # fresh draws tried before a too-skewed setting is reported
@@ -72,7 +72,8 @@ SKEW_CLOSE_ENOUGH = 5e-4  # the search stops once the training splits are this n
 
 def skew_nodes(cfg: PartitionConfig, source: SourceData, samples: list[Sample]) -> list[dict]:
     """--scheme skew: nodes whose training splits reach --ks. Each node's class-balanced test set and the shared
-    set (or the few-labels parts) leave a training mix more skewed than the one assigned, so the assignment's own target is searched by
+    set (or the few-labels parts) leave a training mix more skewed than the one assigned, so the assignment's own target
+    is searched by
     bisection (the training skew grows with it) for the one whose training splits come nearest --ks."""
     names = source.label_names
 

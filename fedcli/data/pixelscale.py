@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from fedcli.config import BIT_DEPTHS
-from fedcli.errors import UserError
+from fedcli.core.errors import UserError
+from fedcli.experiment.config import BIT_DEPTHS
 
 EIGHT_BIT, INTEGER, FLOAT, DICOM = "8-bit", "integer", "float", "dicom"  # what decoding one file found
 DEEP = (INTEGER, FLOAT)  # the kinds a dataset's scale applies to

@@ -17,9 +17,9 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from fedcli.core.errors import UserError
+from fedcli.core.rng import numpy_stream, stream_seed
 from fedcli.data.records import Sample
-from fedcli.errors import UserError
-from fedcli.rng import numpy_stream, stream_seed
 
 
 def by_site(samples: list[Sample]) -> list[tuple[str, list[Sample]]]:

@@ -10,8 +10,8 @@ draw is keyed by the partition's seed.
 
 from __future__ import annotations
 
-from fedcli.errors import UserError
-from fedcli.rng import numpy_stream
+from fedcli.core.errors import UserError
+from fedcli.core.rng import numpy_stream
 
 
 def set_apart(nodes: list[dict], fraction: float, label_names: list[str], seed: int) -> None:

@@ -14,9 +14,9 @@ from collections import Counter
 
 import numpy as np
 
+from fedcli.core.errors import UserError
+from fedcli.core.rng import numpy_stream, stream_seed
 from fedcli.data.records import Sample
-from fedcli.errors import UserError
-from fedcli.rng import numpy_stream, stream_seed
 
 
 class NodeError(UserError):

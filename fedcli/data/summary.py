@@ -12,7 +12,7 @@ from fedcli.data import acquisition
 from fedcli.data.label_parts import HELD_APART, UNLABELED, VALIDATION, node_labels, training_count, training_labels
 from fedcli.data.manifest import Manifest
 from fedcli.data.skew import label_distributions, mean_pairwise_js, mean_pairwise_ks, mean_pairwise_tv
-from fedcli.plotting import pyplot, save_figure
+from fedcli.experiment.plotting import pyplot, save_figure
 
 
 def class_counts(records: list[dict], n_classes: int) -> np.ndarray:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedcli.core.errors import UserError
 from fedcli.data.skew import label_distributions, mean_pairwise_tv
-from fedcli.errors import UserError
 
 
 def equal_sizes(total: int, n: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Classifier factory: a small CNN with BatchNorm for quick runs, and torchvision's ResNet-18 (the FedER
 study's), ResNet-34 (the generative-replay study's), ResNet-50, DenseNet-121 and EfficientNet-B0 (FedPerl's; its
 dropout and stochastic depth draw from the global generator, which local training seeds from a keyed stream for
-each call: fl/trainer.py).
+each call: training/settings.py).
 
 Grayscale input is handled by giving the first convolution one input channel (with ImageNet
 weights, the RGB filters are summed, which is what they compute on a gray image repeated to RGB).
@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedcli.errors import UserError
-from fedcli.weights import BACKBONES, hub_checkpoint, load_state
+from fedcli.core.errors import UserError
+from fedcli.core.weights import BACKBONES, hub_checkpoint, load_state
 
 MODELS = ("cnn", "resnet18", "resnet34", "resnet50", "densenet121", "efficientnet_b0")
 HUB_FILES = {name: BACKBONES[name].filename for name in MODELS[1:]}

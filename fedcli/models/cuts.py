@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedcli.errors import UserError
+from fedcli.core.errors import UserError
 
 STEM = "stem"
 CUTS = {

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from fedcli import __version__
-from fedcli.artifact_kinds import CONFIG, file_sha256, output_files, stale_inputs
-from fedcli.artifacts import canonical_json, read_json, write_json
-from fedcli.environment import environment
-from fedcli.errors import UserError
-from fedcli.subexperiments import LEDGER, REMAKE_LEDGER
+from fedcli.core.environment import environment
+from fedcli.core.errors import UserError
+from fedcli.experiment.artifact_kinds import CONFIG, file_sha256, output_files, stale_inputs
+from fedcli.experiment.artifacts import canonical_json, read_json, write_json
+from fedcli.experiment.subexperiments import LEDGER, REMAKE_LEDGER
 
 
 def fingerprint(unit: str, config: dict[str, Any], upstream: list[str]) -> str:

@@ -20,12 +20,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedcli.config import (ATTACK_OPTIONS, RECIPE_TABLES, AuditConfig, GanConfig, Metric, PartitionConfig,
-                           ReportConfig, coerce, read_recipe, stage_values)
-from fedcli.errors import UserError
-from fedcli.fl.federate_config import FederateConfig, select_keys, varies_for
-from fedcli.fl.strategies import REGISTRY
-from fedcli.subexperiments import key_values
+from fedcli.core.errors import UserError
+from fedcli.experiment.config import (ATTACK_OPTIONS, MAX_THREADS, RECIPE_TABLES, AuditConfig, Metric, PartitionConfig,
+                                      ReportConfig, coerce, option, ranged, read_recipe, stage_values)
+from fedcli.experiment.subexperiments import key_values
+from fedcli.federate.config import FederateConfig, select_keys, varies_for
+from fedcli.federate.strategies import REGISTRY
+from fedcli.generators.config import GanConfig
 
 STAGE_CLASSES = {"partition": PartitionConfig, "train_gan": GanConfig, "federate": FederateConfig,
                  "audit": AuditConfig, "report": ReportConfig}
@@ -37,6 +38,23 @@ NOT_IN_RUN = {"node": "fedcli run trains and audits every node", "sample_only": 
               "strict": "use fedcli audit-privacy --strict", "fold": "use a [select] table for cross-validation",
               "cv": "use a [select] table for cross-validation"}
 NOT_IN_RECIPE = frozenset(RUN_OWNED | set(NOT_IN_RUN))  # refused in a recipe, so never listed as valid keys
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """`fedcli run`'s options beside its recipe: where, what the command line overrides, and how it runs."""
+
+    exp: Path | None = option(None, help="Experiment folder \\[default: results/<recipe name>].")
+    set: tuple[str, ...] = option((), flags=("--set",), help=(
+        "Repeatable table.key=value overriding the recipe, e.g. federate.rounds=3 or sweep.seeds=[0,1,2]."))
+    threads: int | None = ranged(None, 1, MAX_THREADS, help=(
+        "CPU threads of every stage, over the recipe's \\[default: torch's, every core]; no part of the up-to-date "
+        "check."))
+    yes: bool = option(False, flags=("--yes",), help=(
+        "Start a recipe with more units of work than fedcli run starts unasked (a large \\[sweep]); the refusal says "
+        "how many."))
+    dry_run: bool = option(False, flags=("--dry-run",), help=(
+        "Only say which units would run, be skipped as up to date or be shared, and the sweep's size; write nothing."))
 
 
 @dataclasses.dataclass(frozen=True)

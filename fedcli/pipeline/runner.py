@@ -28,22 +28,23 @@ from typing import Any
 
 import numpy as np
 
-from fedcli import console
-from fedcli.artifacts import write_json
-from fedcli.config import ATTACK_OPTIONS, GAN_ENGINE_OPTIONS, LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
 from fedcli.audit.shared_attacks import may_share
+from fedcli.core import console
+from fedcli.core.errors import UserError
 from fedcli.data.manifest import Manifest
 from fedcli.data.partition import rules_of
-from fedcli.errors import UserError
-from fedcli.fl.federate_config import FederateConfig, inapplicable, resolved_options
-from fedcli.fl.strategies import REGISTRY
-from fedcli.gan.kinds import generator_kind
-from fedcli.gan.phase1_state import phase1_options
-from fedcli.layout import PHASE1_STATE, gan_dir
-from fedcli.locking import locked
+from fedcli.experiment.artifacts import write_json
+from fedcli.experiment.config import ATTACK_OPTIONS, LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
+from fedcli.experiment.locking import locked
+from fedcli.experiment.paths import PHASE1_STATE, gan_dir
+from fedcli.experiment.subexperiments import key_values
+from fedcli.federate.config import FederateConfig, inapplicable, resolved_options
+from fedcli.federate.strategies import REGISTRY
+from fedcli.generators.config import GAN_ENGINE_OPTIONS
+from fedcli.generators.registry import generator_kind, own_options
+from fedcli.generators.stylegan2.phase1_state import phase1_options
 from fedcli.pipeline.ledger import Ledger, fingerprint
 from fedcli.pipeline.recipe import NOT_FINGERPRINTED, SEED_OPTION, Point, Recipe
-from fedcli.subexperiments import key_values
 
 REGIME_FILE = "regime.json"  # <exp>/regime/: the [regime] sweep's readings and choice
 
@@ -106,7 +107,7 @@ class Runner:
     def check_point(self, point: Point) -> None:
         """Partition the sub-experiment and refuse what its train-gan would refuse (a DP plan no noise can meet,
         options its generator kind does not read, ...) without training."""
-        from fedcli.gan.node_training import preflight
+        from fedcli.generators.node_training import preflight
 
         cfgs, p_fp, there = self.partition(point, self.point_folder(point))
         if not there or not self.needs_generators(point, cfgs["federate"].strategy, False):
@@ -131,7 +132,7 @@ class Runner:
         if generators:
             gan = self.shared_phase1(gan, folder, p_fp)
             self.unit(folder, point.name, "train-gan", g_fp, "gan",
-                      lambda: stage_run("fedcli.gan.stage", gan, keep_finished=True))
+                      lambda: stage_run("fedcli.generators.stage", gan, keep_finished=True))
         federated: list[str] = []  # the fingerprints of the federations an attack on shared data may read
         for strategy in strategies:
             upstream = [p_fp, g_fp] if REGISTRY[strategy].needs_buffers else [p_fp]
@@ -172,8 +173,8 @@ class Runner:
 
     def shared_phase1(self, gan, folder: Path, p_fp: str):
         """`gan`, starting from the phase 1 of the first sub-experiment that trains it with the same options up to
-        phase 2 (gan/phase1_state.py), where that one kept it for every node."""
-        if "phase1_from" not in generator_kind(gan.generator).options or gan.private or self.dry_run:
+        phase 2 (generators/stylegan2/phase1_state.py), where that one kept it for every node."""
+        if "phase1_from" not in own_options(generator_kind(gan.generator)) or gan.private or self.dry_run:
             return gan
         owner = self.phase1_owners.setdefault(fingerprint("train-gan phase 1", phase1_options(gan), [p_fp]), folder)
         if owner == folder or not all((gan_dir(owner, node) / PHASE1_STATE).is_file()
@@ -404,9 +405,9 @@ def attacks_run(cfg) -> None:
 
 def federate_run(cfg) -> None:
     """One strategy (and fold); an interrupted run of the same unit continues from its last round."""
-    from fedcli.fl.checkpoint import CheckpointMismatch
-    from fedcli.fl.stage import checkpoint_dir, run
-    from fedcli.layout import federate_dir
+    from fedcli.federate.checkpoint import CheckpointMismatch
+    from fedcli.federate.stage import checkpoint_dir, run
+    from fedcli.experiment.paths import federate_dir
 
     if checkpoint_dir(federate_dir(cfg.exp, cfg.strategy[0], cfg.fold)).is_dir():
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedcli.errors import UserError
+from fedcli.core.errors import UserError
 
 SHIPPED = Path(__file__).resolve().parents[1] / "recipes"
 

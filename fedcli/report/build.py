@@ -9,19 +9,20 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from fedcli import console
-from fedcli.artifacts import atomic_write_bytes, staged_output, write_csv
-from fedcli.config import METRIC_COLUMNS, ReportConfig
-from fedcli.devices import with_threads
-from fedcli.layout import report_dir
-from fedcli.locking import locked
-from fedcli.report import calibration, few_labels, few_labels_paired, figures, frontier, skew_study, study
+from fedcli.core import console
+from fedcli.core.devices import with_threads
+from fedcli.experiment.artifacts import atomic_write_bytes, staged_output, write_csv
+from fedcli.experiment.config import METRIC_COLUMNS, ReportConfig
+from fedcli.experiment.locking import locked
+from fedcli.experiment.paths import report_dir
+from fedcli.report import (calibration, feder_study, few_labels, few_labels_paired, figures, frontier, notes,
+                           privacy_tables, skew_study, summaries)
 from fedcli.report.collect import SubExperiment, load_experiment, replicate_groups
 from fedcli.report.render import latex, markdown, numeric
-from fedcli.report.study import Missing, ReportTable
+from fedcli.report.table import Missing, ReportTable
 
-GROUP_TABLES = (study.headline, study.table1, study.table2, study.table3, study.table4, study.table4_paired,
-                study.table5, study.table7, study.table8, study.paired_table, study.batchnorm_table)
+GROUP_TABLES = (feder_study.headline, feder_study.table1, feder_study.table2, feder_study.table3, feder_study.table4, feder_study.table4_paired,
+                feder_study.table5, feder_study.table7, feder_study.table8, feder_study.paired_table, feder_study.batchnorm_table)
 
 
 @dataclasses.dataclass
@@ -81,29 +82,29 @@ def run(cfg: ReportConfig) -> Report:
                     f"Metric: {cfg.metric}. {len(subs)} sub-experiment(s) in {len(groups)} group(s); numbers are "
                     "mean ± std over seeds or folds where several exist.", ""]
         w.lines += ["## Data and generators", ""]
-        w.table(study.partition_table(first))
+        w.table(summaries.partition_table(first))
         w.copy_figure(first[0].folder / "partition" / "summary.png", "partition.png", "Example images per node")
-        w.table(study.gan_summary(first))
+        w.table(summaries.gan_summary(first))
         for node in first[0].gan_nodes:
             w.copy_figure(first[0].folder / "gan" / node / "samples.png", f"gan_{node}.png",
                           f"Node {node}: samples of its generators")
         headline = None
         for label, reps in groups.items():
             w.lines += [f"## Federated learning{f' ({label})' if label else ''}", ""]
-            notes = [study.architecture_note(reps), study.budget_note(reps), study.engine_note(reps),
-                     study.disclosure_note(reps)]
-            w.lines += [" ".join(note for note in notes if note), ""]
+            said = [notes.architecture_note(reps), notes.budget_note(reps), notes.engine_note(reps),
+                    notes.disclosure_note(reps)]
+            w.lines += [" ".join(note for note in said if note), ""]
             for builder in GROUP_TABLES:
                 made = w.table(builder(reps, metric), label)
-                if builder is study.headline and headline is None:
+                if builder is feder_study.headline and headline is None:
                     headline = made
             name = f"rounds{'_' + slug(label) if label else ''}.png"
             if figures.rounds_figure(reps, metric, out / "figures" / name, f"{cfg.metric} per round {label}".strip()):
                 w.figure(name, f"{cfg.metric} per round per strategy (mean over nodes, own test sets)")
         before = len(w.lines)
-        w.table(study.table6(subs, metric))
-        w.table(study.alpha_table(subs, metric))
-        w.table(study.dp_table(subs, metric))
+        w.table(feder_study.table6(subs, metric))
+        w.table(feder_study.alpha_table(subs, metric))
+        w.table(feder_study.dp_table(subs, metric))
         w.table(skew_study.skew_table(subs, metric))
         w.table(skew_study.paired_table(subs, metric))
         w.table(skew_study.budget_table(subs))
@@ -143,8 +144,8 @@ def run(cfg: ReportConfig) -> Report:
             w.copy_figure(attacked.folder / "attacks" / strategy / "reconstructions.png",
                           f"attacks_{strategy}.png", f"{strategy}: what a white-box attacker rebuilds from what it saw")
         for label, reps in groups.items():
-            w.table(study.privacy_table(reps), label if len(groups) > 1 else "")
-            w.table(study.controls_table(reps), label if len(groups) > 1 else "")
+            w.table(privacy_tables.privacy_table(reps), label if len(groups) > 1 else "")
+            w.table(privacy_tables.controls_table(reps), label if len(groups) > 1 else "")
         audited = next((s for s in subs if s.audits), None)
         if audited is not None:
             privacy_figures(w, audited)
@@ -180,5 +181,5 @@ def privacy_figures(w: Writer, sub: SubExperiment) -> None:
 def headline_table(cfg: ReportConfig) -> ReportTable | None:
     """The headline table (every strategy's node performance) of the first sweep group."""
     first = next(iter(replicate_groups(load_experiment(cfg.exp)).values()))
-    built = study.headline(first, METRIC_COLUMNS[cfg.metric])
+    built = feder_study.headline(first, METRIC_COLUMNS[cfg.metric])
     return None if isinstance(built, Missing) else built

@@ -1,6 +1,6 @@
 """FedPerl's calibration figures from the final models' test-set predictions (predictions.safetensors): per client
 (its own test set, pooled over a variant's seeds), the reliability diagram on Ding et al.'s adaptive bins (those
-of the adaptive ECE and MCE, fl/adaptive_bins.py: accuracy against each bin's mean top-label confidence), as
+of the adaptive ECE and MCE, metrics/adaptive_bins.py: accuracy against each bin's mean top-label confidence), as
 FedPerl draws one per client; and per variant, pooled over clients and seeds, the risk-coverage curve (the error
 rate among the most confident images as the share kept grows; its area, AURC, lower is better: Geifman and
 El-Yaniv 2017)."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcli.fl.adaptive_bins import adaptive_bins
-from fedcli.plotting import pyplot, save_figure
+from fedcli.experiment.plotting import pyplot, save_figure
+from fedcli.metrics.adaptive_bins import adaptive_bins
 from fedcli.report.collect import Run, SubExperiment
 from fedcli.report.paired import own_predictions
 

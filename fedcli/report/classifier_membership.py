@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from fedcli.report.collect import Stat, SubExperiment, distinct_attacks
-from fedcli.report.study import nodes_of, performance_cells
+from fedcli.report.table import nodes_of, performance_cells
 
 
 def readings(summary: dict) -> list[dict]:

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedcli.artifact_kinds import CONFIG, stale_inputs
-from fedcli.errors import UserError
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.base import ENSEMBLE
-from fedcli.subexperiments import key_values, point_values
+from fedcli.core.errors import UserError
+from fedcli.experiment.artifact_kinds import CONFIG, stale_inputs
+from fedcli.experiment.subexperiments import key_values, point_values
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategies.base import ENSEMBLE
 
 SEED_KEY = "partition.seed"
 

@@ -8,7 +8,7 @@ over the clients of each client's own test set under the final model, then their
   named, over FedAvg on them.
 - AC: the models a client receives per round beyond SSFL's one (FedAvg with FixMatch, same participation),
   relative to it, counted from the transfers (comm.csv); the training bytes beyond SSFL's beside it, measured.
-- Calibration: the adaptive ECE and MCE (fl/evaluate.py), means over clients and seeds, and the AURC of the
+- Calibration: the adaptive ECE and MCE (metrics/scores.py), means over clients and seeds, and the AURC of the
   pooled predictions (report/calibration.py, which also draws the reliability and risk-coverage figure).
 - The community matrix: how often each node chose each peer (peers.csv), over rounds and seeds.
 """
@@ -20,10 +20,10 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.peer_learning import ANONYMISED, PEER_MODEL, peer_server
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategies.peer_learning import ANONYMISED, PEER_MODEL, peer_server
 from fedcli.report.collect import Run, SubExperiment, best_validation_scores, own_scores
-from fedcli.report.study import Built, Missing, ReportTable, nodes_of
+from fedcli.report.table import Built, Missing, ReportTable, nodes_of
 
 LOWER, SEMI, UPPER = "labelled only", "FixMatch", "all labels"
 LOCAL, BASELINE, SSFL = f"standalone [{LOWER}]", f"fedavg [{LOWER}]", f"fedavg [{SEMI}]"
@@ -164,7 +164,7 @@ def few_labels_table(subs: list[SubExperiment], metric: str, aurc: dict[str, flo
             f"models a client receives per round beyond {SSFL}'s one, relative to it, per client and round with "
             "peers, counted from comm.csv (the anonymising server left out); the bytes moved in training beyond "
             f"{SSFL}'s, measured; each at the variant's participation and absent without that run; adaptive ECE and "
-            "MCE: Ding et al.'s adaptive bins (fl/adaptive_bins.py), means over clients; AURC: the area under the "
+            "MCE: Ding et al.'s adaptive bins (metrics/adaptive_bins.py), means over clients; AURC: the area under the "
             "risk-coverage curve, lower is better")
     statistics = {run.config.get("eval_statistics", "stored") for group in by_variant.values() for run in group}
     if "local" in statistics:

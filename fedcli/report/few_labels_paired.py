@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fedcli.fl.evaluate import percentile_interval
+from fedcli.metrics.scores import percentile_interval
 from fedcli.report.collect import Run, SubExperiment, final_rows, own_rows
 from fedcli.report.few_labels import BASELINE, LOCAL, SSFL, bounds, variants
 from fedcli.report.paired import cell, scores, with_mean
-from fedcli.report.study import Built, Missing, ReportTable
+from fedcli.report.table import Built, Missing, ReportTable
 
 PLATEAU = 0.02  # the upper bound has reached a plateau when its client mean moved less than this over its last
 # evaluation interval

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcli.plotting import pyplot, save_figure
-from fedcli.report.collect import (Stat, SubExperiment, by_dp_setting, dp_label, own_rows, own_scores,
-                                   variant_label)
+from fedcli.experiment.plotting import pyplot, save_figure
+from fedcli.report.collect import Stat, SubExperiment, by_dp_setting, dp_label, own_rows, own_scores, variant_label
 from fedcli.report.skew_study import on_global_test, skew_measure, skew_points
 
 

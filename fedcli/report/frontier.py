@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 
 from fedcli.audit import effects
-from fedcli.plotting import pyplot
+from fedcli.experiment.plotting import pyplot
 from fedcli.report.classifier_membership import classifier_rows, low_fpr_cell
 from fedcli.report.collect import SEED_KEY, Stat, SubExperiment, distinct_attacks, load_json
 from fedcli.report.figures import save
-from fedcli.report.study import Built, Missing, ReportTable, interval, nodes_of, performance_cells
+from fedcli.report.table import Built, Missing, ReportTable, interval, nodes_of, performance_cells
 
 TITLE = "Privacy against utility: what each method's shared data reveals, and what it buys"
 

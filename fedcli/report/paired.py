@@ -15,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fedcli.artifact_kinds import load_recorded
+from fedcli.core.errors import UserError
 from fedcli.data.manifest import Manifest
-from fedcli.errors import UserError
-from fedcli.fl.evaluate import metric_values, percentile_interval, resample_counts
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.base import LABELS
-from fedcli.layout import PREDICTIONS
+from fedcli.experiment.artifact_kinds import load_recorded
+from fedcli.experiment.paths import PREDICTIONS
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategies.base import LABELS
+from fedcli.metrics.scores import metric_values, percentile_interval, resample_counts
 from fedcli.report.collect import Run, SubExperiment
 
 

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedcli.report.collect import Stat
-from fedcli.report.study import ReportTable
+from fedcli.report.table import ReportTable
 
 LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}

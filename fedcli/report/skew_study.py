@@ -14,11 +14,11 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
-from fedcli.config import LOWER_IS_BETTER
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.transport import EVERYONE
+from fedcli.comm.transport import EVERYONE
+from fedcli.experiment.config import LOWER_IS_BETTER
+from fedcli.federate.strategies import REGISTRY
 from fedcli.report.collect import Run, Stat, SubExperiment, by_skew, global_score, own_scores, variant_label
-from fedcli.report.study import Built, Missing, ReportTable, t_half_width
+from fedcli.report.table import Built, Missing, ReportTable, t_half_width
 
 BASELINES = ("cwt", "fedavg", "central")  # what the replay methods are read against
 REPLAY_METHODS = ("cwt-replay", "fedavg-replay", "fedreplay")

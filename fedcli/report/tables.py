@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from fedcli.fl.strategies import REGISTRY
-from fedcli.fl.strategies.base import ENSEMBLE
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategies.base import ENSEMBLE
 from fedcli.report.collect import decoded_fidelity
 
 
@@ -14,7 +14,7 @@ def gan_table(summaries: list[dict]) -> Table:
     """Per node: FID of both phases (with the feature space's name), the kept snapshot's iteration of
     those run, why each phase stopped, the buffer, and its fidelity ratio (released buffer; standard
     generator's as `ratio 1`, the control's as `ratio ctrl`), class fidelity and the released buffer's
-    flags (gan/fidelity.py shortfalls)."""
+    flags (generators/fidelity.py shortfalls)."""
     fid_name = summaries[0]["metric_names"]["fid"] if summaries else "fid"
     uncalibrated = summaries and not summaries[0]["fid"]["calibrated"]
     table = Table(title="train-gan", caption="uncalibrated: fallback feature network (no ImageNet weights)"
@@ -216,3 +216,42 @@ def attacks_table(attacked: dict[str, dict]) -> Table:
                           f"{share['share']:.2f} [{share['ci_low']:.2f}-{share['ci_high']:.2f}]",
                           f"{r['chance']['ssim']['share']:.2f}")
     return table
+
+
+def audit_phase2_note(summary: dict) -> str:
+    """Why the privacy generator is the standard one, where it is."""
+    if "dp" in summary and summary.get("attack") == "latent projection":  # a VQ-VAE-2 has no phase 2 at all
+        return "; under DP no phase 2 runs: the released generator is the DP one, and the control is the same"
+    if summary.get("phase2_kept_iteration") == 0:
+        return ("; phase 2 kept no privacy snapshot (its first FID check exceeded the limit), so the privacy "
+                "generator is the standard one")
+    return ""
+
+
+def audit_node_lines(s: dict) -> list[str]:
+    """What audit-privacy prints of one node's summary: its verdict and privacy effect, its DP guarantee against the
+    attack, and its controls (rich markup)."""
+    lines = []
+    verdict, effect = s["verdict"], s.get("privacy_effect")
+    colour = {"pass": "green", "fail": "red"}.get(verdict["result"], "yellow")
+    reasons = f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else ""
+    compared = (f"privacy effect vs control: {effect['verdict']} (median ratio {effect['median_ratio']:.3f}, 95% "
+                f"CI {effect['ci_low']:.3f}-{effect['ci_high']:.3f}, p = {effect['p_value']:.2g}; pixel "
+                f"{effect['pixel']['verdict']}, independent network {effect['independent']['verdict']})"
+                if effect else "attacked through its buffer alone (no latent to project, no control)")
+    lines.append(f"node {s['node']}: [{colour}]{verdict['result']}[/{colour}]{reasons}; {compared}"
+                 + audit_phase2_note(s))
+    if "dp" in s:
+        dp = s["dp"]
+        check = dp["audit_bound"]
+        bound = ("holds" if check["holds"] else "[red]does NOT hold: check the DP training[/red]") + (
+            "" if check["informative"] else f" but says nothing: at the FPRs {check['non_members']} non-members "
+            "resolve, e^epsilon x FPR + delta is at least 1")
+        lines.append(f"node {s['node']}: (epsilon {dp['epsilon']:.3g}, delta {dp['delta']:.2g})-DP per "
+                     f"training image for the generator and buffer ({dp['accountant']}); the attack's TPR "
+                     f"<= e^epsilon x FPR + delta {bound}")
+    for name, control in s.get("controls", {}).items():
+        mark = "[green]holds[/green]" if control["holds"] else "[red]does not hold[/red]"
+        lines.append(f"node {s['node']} control {name}: expected {control['expected']}, "
+                     f"{control['observed']}: {mark}")
+    return lines

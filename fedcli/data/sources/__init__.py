@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fedcli.config import PartitionConfig
 from fedcli.data.records import SourceData
 from fedcli.data.sources import digits, folders, isic2019, medmnist, retinopathy, table, tuberculosis
+from fedcli.experiment.config import PartitionConfig
 
 READERS = {
     "digits": lambda cfg: digits.read(),

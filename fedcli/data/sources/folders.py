@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from fedcli.core.errors import UserError
 from fedcli.data.imagefiles import check_images, is_image_file, require_dir
 from fedcli.data.records import Sample, SourceData
-from fedcli.errors import UserError
 
 
 def visible_dirs(path: Path) -> list[Path]:

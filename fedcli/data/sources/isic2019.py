@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedcli.core.errors import UserError
 from fedcli.data.imagefiles import check_images, require_dir
 from fedcli.data.records import Sample, SourceData
-from fedcli.errors import UserError
 
 GROUND_TRUTH = "ISIC_2019_Training_GroundTruth.csv"
 METADATA = "ISIC_2019_Training_Metadata.csv"

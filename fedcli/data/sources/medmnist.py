@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcli.core.errors import UserError
 from fedcli.data.records import Sample, SourceData
-from fedcli.errors import UserError
 
 SPLITS = ("train", "val", "test")
 # Label names of MedMNIST v2's single-label 2D sets used with fedcli; others are numbered.

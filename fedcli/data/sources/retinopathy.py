@@ -18,10 +18,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from fedcli.core.errors import UserError
+from fedcli.core.rng import stream_seed
 from fedcli.data.imagefiles import check_images, is_image_file, require_dir
 from fedcli.data.records import Sample, SourceData
-from fedcli.errors import UserError
-from fedcli.rng import stream_seed
 
 LABELS = "trainLabels.csv"
 IMAGE = re.compile(r"^(\d+)_(left|right)$")

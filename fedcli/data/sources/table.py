@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from fedcli.core.errors import UserError
 from fedcli.data.imagefiles import check_images
 from fedcli.data.records import Sample, SourceData
-from fedcli.errors import UserError
 
 DEFAULT_NAME = "labels.csv"
 

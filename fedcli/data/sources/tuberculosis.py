@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from fedcli.core.errors import UserError
 from fedcli.data.imagefiles import check_images, is_image_file, require_dir
 from fedcli.data.records import Sample, SourceData
-from fedcli.errors import UserError
 
 NAME = re.compile(r"^(MCUCXR|CHNCXR)_(\d{4})_([01])\.png$", re.IGNORECASE)
 SITES = {"MCUCXR": "montgomery", "CHNCXR": "shenzhen"}

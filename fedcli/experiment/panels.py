@@ -1,0 +1,18 @@
+"""The panels `--help` lists options in, named once: each option's config field (or strategy declaration) says
+which panel it belongs to."""
+
+OUTPUT = "Experiment and output"
+ENGINE = "Engine"
+GENERATOR = "Generator and training"
+PRIVACY_LOSS = "Privacy loss (phase 2)"
+BUFFER = "Buffer and fidelity"
+REFERENCES = "Audit references and controls"
+DP = "Differential privacy"
+VQVAE2 = "VQ-VAE-2 (--generator vqvae2)"
+TRAINING = "Strategies and local training"
+FEW_LABELS = "Few labels (FixMatch)"
+EVALUATION = "Evaluation"
+REPLAY = "Replay (FedER, CWT+Replay, FedAvg+Replay)"
+SPLIT = "Split models (SplitNN, FedReplay)"
+SERVER = "Server optimisers and FedProx"
+PEERS = "Peers (FedMatch, FedPerl)"

@@ -1,1 +1,0 @@
-"""Federated training: payloads, transport, topology, local training, strategies, evaluation."""

@@ -1,1 +1,0 @@
-"""The distributed engine: one torch.distributed process per node (`fedcli federate --engine distributed`)."""

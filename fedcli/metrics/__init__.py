@@ -1,0 +1,1 @@
+"""Scores of classifiers on test sets, with bootstrap intervals, and FedPerl's adaptive calibration bins."""
