@@ -94,13 +94,14 @@ class CommonOptions:
         return getattr(self, "dp_epsilon", None) is not None
 
 
-def kind_options() -> list[type]:
-    """Every kind sub-package's options dataclass, on any of fedcli.generators' paths."""
+def declared(module: str, name: str) -> list:
+    """What each kind sub-package (on any of fedcli.generators' paths) declares as `name` in its `module`: the one
+    discovery the config (OPTIONS in options.py) and the registry (KIND in kind.py) share."""
     found = []
-    for module in pkgutil.iter_modules(package.__path__):
-        name = f"{package.__name__}.{module.name}.options"
-        if module.ispkg and importlib.util.find_spec(name) is not None:
-            found.append(importlib.import_module(name).OPTIONS)
+    for sub in pkgutil.iter_modules(package.__path__):
+        full = f"{package.__name__}.{sub.name}.{module}"
+        if sub.ispkg and importlib.util.find_spec(full) is not None:
+            found.append(getattr(importlib.import_module(full), name))
     return found
 
 
@@ -123,7 +124,7 @@ def checks(classes: list[type]) -> list[typing.Callable]:
     return list(dict.fromkeys(found))
 
 
-KIND_OPTIONS = kind_options()
+KIND_OPTIONS = declared("options", "OPTIONS")
 CHECKS = checks(KIND_OPTIONS)
 GanConfig = dataclasses.make_dataclass(
     "GanConfig", [(name, kind, dataclasses.field(default=f.default, metadata=f.metadata))

@@ -6,17 +6,14 @@ registry discovers strategy modules, so adding one touches nothing else."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import pkgutil
 from pathlib import Path
 
 from torch import nn
 
-import fedcli.generators as package
 from fedcli.core.errors import UserError
 from fedcli.experiment.artifact_kinds import load_module
 from fedcli.experiment.paths import gan_dir
+from fedcli.generators.config import declared
 from fedcli.generators.protocol import CodeSharing, GeneratorKind
 from fedcli.generators.record import kind_name, read_gan_config
 
@@ -25,13 +22,10 @@ def discover() -> dict[str, GeneratorKind]:
     """Every kind a sub-package of fedcli.generators declares in its kind.py (on any of the package's paths), by
     name."""
     kinds: dict[str, GeneratorKind] = {}
-    for module in pkgutil.iter_modules(package.__path__):
-        name = f"{package.__name__}.{module.name}.kind"
-        if module.ispkg and importlib.util.find_spec(name) is not None:
-            kind = importlib.import_module(name).KIND
-            if kind.name in kinds:
-                raise ValueError(f"generator kind {kind.name!r} is declared by two sub-packages")
-            kinds[kind.name] = kind
+    for kind in declared("kind", "KIND"):
+        if kind.name in kinds:
+            raise ValueError(f"generator kind {kind.name!r} is declared by two sub-packages")
+        kinds[kind.name] = kind
     return kinds
 
 

@@ -63,6 +63,10 @@ class Budget:
         return start / total, (start + epochs) / total
 
 
+SHARED = [f.name for f in dataclasses.fields(LocalSettings)  # the options a call's settings copy from the budget
+          if f.name in {g.name for g in dataclasses.fields(Budget)}]
+
+
 class LocalTrainer:
     def __init__(self, data: NodeData, budget: Budget, seed: int, device: str = "cpu",
                  model: tuple[str, ...] | str = "cnn", pretrained: bool = False, model_weights: Path | None = None,
@@ -102,8 +106,7 @@ class LocalTrainer:
 
     def settings(self, key: str, round_: int, epochs: int) -> LocalSettings:
         budget = self.budget
-        shared = {f.name: getattr(budget, f.name) for f in dataclasses.fields(LocalSettings)
-                  if f.name in {g.name for g in dataclasses.fields(Budget)}}  # the options of one name in both
+        shared = {name: getattr(budget, name) for name in SHARED}
         return LocalSettings(**{**shared, "epochs": epochs, "batch": self.batch_of(key), "augment": self.data.augment,
                                 "span": budget.span(round_, epochs), "budget_epochs": budget.total_epochs,
                                 "steps_per_round": self.steps_per_round(key)})
