@@ -16,12 +16,11 @@ from fedcli.core.errors import UserError, environment_message
 from fedcli.experiment import events
 from fedcli.experiment.config import AuditConfig, PartitionConfig, PredictConfig, ReportConfig, read_recipe, resolve
 from fedcli.experiment.panels import OUTPUT
-from fedcli.experiment.paths import check_experiment_folder
 from fedcli.federate.config import FederateConfig, SharedOptions
 from fedcli.federate.strategies import REGISTRY
 from fedcli.generators.config import GanConfig
 from fedcli.pipeline.recipe import RunOptions
-from fedcli.pipeline.shipped import locate, shipped_recipes
+from fedcli.pipeline.shipped import shipped_recipes
 
 CONFIG_HELP = "TOML recipe; its \\[stage] table sets options, which options given here override."
 TENSORBOARD_HELP = ("Also write the stage's events (<exp>/logs/<stage>/events.jsonl) as TensorBoard scalars under "
@@ -285,15 +284,11 @@ def run(
 ) -> None:
     import time
 
-    from fedcli.pipeline.recipe import Recipe
-    from fedcli.pipeline.runner import Runner
+    from fedcli.pipeline.runner import Runner, prepared
 
     start = time.perf_counter()
     given = RunOptions(**options)
-    recipe = locate(recipe)
-    exp = given.exp if given.exp is not None else Path("results") / recipe.stem
-    check_experiment_folder(exp)
-    loaded = Recipe.load(recipe, list(given.set), given.threads)
+    loaded, exp = prepared(recipe, given)
     if given.dry_run:
         counts = Runner(loaded, exp, dry_run=True).run()
         return console.out.print(f"dry run: {len(loaded.points())} sub-experiment(s), {sum(counts.values())} units: "
@@ -386,5 +381,17 @@ def weights_fetch(
         console.out.print(f"{name}: {weights.fetch(weights.BACKBONES[name])}", markup=False, soft_wrap=True)
 
 
-def main() -> None:
-    app()
+
+@app.command("plugins", epilog="Example: fedcli plugins")
+def plugins_list() -> None:
+    """List the installed plugins (strategies, generator kinds, data sources, classifiers from other
+    distributions' entry points; docs/python.md): one line each, with the distribution and where it is installed."""
+    from fedcli.core import plugins
+
+    found = plugins.every()
+    for plugin in found:
+        console.out.print(f"{plugins.WHAT[plugin.group]} {plugin.name}: {plugin.value} from {plugin.distribution} "
+                          f"{plugin.version} ({plugin.location})", markup=False, soft_wrap=True)
+    if not found:
+        console.out.print("no plugins installed (entry points in the groups "
+                          f"{', '.join(f'fedcli.{group}' for group in plugins.GROUPS)})", markup=False, soft_wrap=True)

@@ -6,7 +6,14 @@ import io
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
+
+# The tests' plugin distribution (tests/plugins: a strategy, a generator kind, a source and a classifier, with its
+# metadata) is installed for every test and every process a test starts, before fedcli builds its registries.
+PLUGINS = str(Path(__file__).parent / "plugins")
+sys.path.insert(0, PLUGINS)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (PLUGINS, os.environ.get("PYTHONPATH"))))
 
 import numpy as np
 import pandas as pd
@@ -111,6 +118,19 @@ def copy_exp(src: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "exp"
     shutil.copytree(src, dst)
     return dst
+
+
+def flat_pngs(folder: Path, sites: tuple[str, ...], levels: dict[str, int], names: list[str]) -> Path:
+    """A flat folder of `<site>__<label>__<name>.png` files (the source plugins' of tests/plugins and
+    docs/python.md), each label's images noise around a brightness of its own."""
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for site in sites:
+        for label, level in levels.items():
+            for name in names:
+                pixels = np.clip(rng.normal(level, 30, (20, 20)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{site}__{label}__{name}.png")
+    return folder
 
 
 def write_png(path: Path, value: int, size: int = 12, mode: str = "L") -> None:

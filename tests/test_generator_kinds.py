@@ -1,11 +1,11 @@
 """A kind of generator is one sub-package implementing fedcli/generators/protocol.py's protocols: a tiny
-class-mean decoder (tests/plugins/class_mean/), discovered by the registry once its folder is on
-fedcli.generators' path, goes through train-gan, federate and the audit with no change to fedcli."""
+class-mean decoder (tests/plugins/fedcli_test_plugins/class_mean/, a generator plugin of the tests' plugin
+distribution), discovered by the registry as the built-in kinds are, goes through train-gan, federate and the
+audit with no change to fedcli."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -15,40 +15,25 @@ from fedcli.experiment.paths import BUFFER
 from fedcli.generators.buffer import DECODED
 from fedcli.generators.registry import KINDS, discover
 
-PLUGINS = str(Path(__file__).parent / "plugins")
-
 
 @pytest.fixture(scope="module")
 def class_mean_kind():
-    package.__path__.append(PLUGINS)
-    try:
-        added = {name: kind for name, kind in discover().items() if name not in KINDS}
-        KINDS.update(added)
-        yield KINDS["class-mean"]
-    finally:
-        package.__path__.remove(PLUGINS)
-        for name in added:
-            KINDS.pop(name)
+    return KINDS["class-mean"]
 
 
 def test_the_registry_discovers_a_kind_that_is_one_sub_package(class_mean_kind):
-    assert sorted(discover()) == ["class-mean", "stylegan2", "vqvae2"]  # its folder is on the path here
-    assert type(class_mean_kind).__module__ == "fedcli.generators.class_mean.kind"
-    package.__path__.remove(PLUGINS)
-    try:
-        assert sorted(discover()) == ["stylegan2", "vqvae2"]
-    finally:
-        package.__path__.append(PLUGINS)
+    assert sorted(discover()) == ["class-mean", "stylegan2", "vqvae2"]
+    assert type(class_mean_kind).__module__ == "fedcli_test_plugins.class_mean.kind"
 
 
-def test_two_sub_packages_declaring_one_kind_name_are_refused(class_mean_kind, tmp_path):
-    twin = tmp_path / "class_mean_twin"
+def test_two_sub_packages_declaring_one_kind_name_are_refused(tmp_path):
+    twin = tmp_path / "vqvae2_twin"
     twin.mkdir()
     (twin / "__init__.py").write_text("")
-    (twin / "kind.py").write_text("from fedcli.generators.class_mean.kind import KIND\n")
+    (twin / "kind.py").write_text("from fedcli.generators.vqvae2.kind import KIND\n")
     package.__path__.append(str(tmp_path))
     try:
-        with pytest.raises(ValueError, match="class-mean"):
+        with pytest.raises(ValueError, match="vqvae2"):
             discover()
     finally:
         package.__path__.remove(str(tmp_path))

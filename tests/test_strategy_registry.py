@@ -210,8 +210,7 @@ def test_strategies_are_listed_in_the_registrys_one_order_and_an_unlisted_one_fo
     """The order was an integer in each module, with three collisions decided by file names."""
     from fedcli.federate.strategies import ORDER
 
-    assert REGISTRY.names() == tuple(n for n in ORDER if n in REGISTRY.names())
-    assert set(REGISTRY.names()) == set(ORDER)
+    assert REGISTRY.names() == (*ORDER, "fedavg-step")  # the tests' strategy plugin (tests/plugins) follows
     registry = Registry(order=("b", "a"))
     for name in ("z", "a", "b"):
         registry.add(Declaration(name, name, lambda o: None))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 import types
 import typing
@@ -24,13 +25,15 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Literal
 
+from fedcli.core import plugins
 from fedcli.core.errors import UserError
 from fedcli.experiment.paths import check_experiment_folder
 
 STAGE_TABLES = ("partition", "train_gan", "federate", "audit", "report")
 RECIPE_TABLES = (*STAGE_TABLES, "sweep", "select", "regime")  # the last three: `fedcli run` only
 
-Source = Literal["digits", "tuberculosis", "isic2019", "medmnist", "folders", "csv", "retinopathy"]
+SOURCES = ("digits", "tuberculosis", "isic2019", "medmnist", "folders", "csv", "retinopathy")
+Source = Literal[(*SOURCES, *(p.name for p in plugins.checked("sources", SOURCES)))]  # a source plugin's too
 Scheme = Literal["source", "iid", "dirichlet", "site-shift", "skew"]
 Task = Literal["melanoma", "multiclass"]
 Preprocess = Literal["none", "graham"]  # how each image is prepared before resizing (data/graham.py)
@@ -150,7 +153,7 @@ class PartitionConfig:
     exp: Path = option(help=EXP_HELP)
     source: Source = option("digits", help=(
         "Dataset reader: digits (built in, offline), tuberculosis, isic2019, medmnist, folders, csv, retinopathy "
-        "(Kaggle DR, the generative-replay study's binary task)."))
+        "(Kaggle DR, the generative-replay study's binary task)." + plugins.listed("sources")))
     data_dir: Path | None = option(None, help=(
         "Where the real data lies (a folder; a .npz or .csv file for medmnist/csv). Not used by digits."))
     scheme: Scheme | None = option(None, help=(
@@ -389,7 +392,9 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 Device = Literal["auto", "cpu", "cuda"]
 Engine = Literal["inprocess", "distributed"]
 Launch = Literal["none", "local"]
-ModelName = Literal["cnn", "resnet18", "resnet34", "resnet50", "densenet121", "efficientnet_b0"]
+MODELS = ("cnn", "resnet18", "resnet34", "resnet50", "densenet121", "efficientnet_b0")  # models/classifier.py
+ModelName = Literal[(*MODELS, *(p.name for p in plugins.checked("models", MODELS)))]  # a classifier plugin's too
+USER_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # --model module:factory (models/user_models.py)
 Auto = Literal["auto"]
 
 
@@ -406,9 +411,9 @@ def architectures(entries: tuple[str, ...] | str) -> tuple[str, dict[str, str]]:
     default, own = None, {}
     for item in (entries,) if isinstance(entries, str) else entries:
         node, sep, arch = str(item).rpartition("=")
-        if arch not in typing.get_args(ModelName) or (sep and not node):
+        if not (arch in typing.get_args(ModelName) or USER_FACTORY.fullmatch(arch)) or (sep and not node):
             raise UserError(f"--model {item!r} is not ARCH or NODE=ARCH with ARCH one of "
-                            f"{', '.join(typing.get_args(ModelName))} (e.g. --model node0=resnet18)")
+                            f"{', '.join(typing.get_args(ModelName))} or module:factory (e.g. --model node0=resnet18)")
         if sep:
             own[node] = arch
         elif default not in (None, arch):

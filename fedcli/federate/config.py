@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
+from fedcli.core import plugins
 from fedcli.core.errors import UserError
 from fedcli.experiment.config import (EXP_HELP, MAX_BATCH, MAX_COUNT, MAX_FOLDS, MAX_SEED, MAX_THREADS, Device, Engine,
                                       Launch, architectures, check_ranges, field_range, option, ranged, to_json)
@@ -97,8 +98,10 @@ class SharedOptions:
     # ARCH for every model, and NODE=ARCH: a node's own architecture
     model: tuple[str, ...] | str = option(("cnn",), panel=TRAINING, help=(
         "Repeatable. Classifier: cnn (quick), resnet18 (the FedER study), resnet34 (the generative-replay study), "
-        "resnet50, densenet121, efficientnet_b0 (FedPerl's); NODE=ARCH gives a node its own "
-        f"({' and '.join(d.name for d in REGISTRY if d.own_architectures)} only: their models never move)."))
+        "resnet50, densenet121, efficientnet_b0 (FedPerl's), or module:factory, your own "
+        "(factory(in_channels, num_classes) returns the classifier; docs/python.md); NODE=ARCH gives a node its own "
+        f"({' and '.join(d.name for d in REGISTRY if d.own_architectures)} only: their models never move)."
+        + plugins.listed("models")))
     pretrained: bool = option(False, panel=TRAINING, help=(
         "Start from ImageNet weights (torch hub cache or --model-weights)."))
     model_weights: Path | None = option(None, panel=TRAINING, help="torchvision ImageNet state dict for --pretrained.")

@@ -31,6 +31,7 @@ from fedcli.federate.strategies.base import GLOBAL_TEST
 from fedcli.federate.strategies.peer_learning import GATED, VALIDATED
 from fedcli.generators.buffer import load_buffer_file
 from fedcli.generators.record import read_gan_config
+from fedcli.models import user_models
 from fedcli.models.cuts import check_cut
 from fedcli.training.batchnorm_check import DIAGNOSTIC, COLUMNS as BN_COLUMNS
 
@@ -95,8 +96,13 @@ WITHOUT_LABELS = ("standalone", "fedavg", "fedprox", "fedmatch", "fedperl")  # F
 
 def check_against_partition(cfg: FederateConfig, manifest: Manifest) -> None:
     """What each strategy needs of the partition and the model: a shared set where it reads one, node options
-    (a server's or an encoder's rank) naming one of the partition's nodes, a cut the model has."""
+    (a server's or an encoder's rank) naming one of the partition's nodes, a cut the model has, a user's model
+    factory that imports."""
     nodes = manifest.node_names
+    every_node, own = architectures(cfg.model)
+    for architecture in {every_node, *own.values()}:
+        if user_models.is_user_model(architecture):
+            user_models.factory(architecture)  # a factory that cannot be imported is refused before any node trains
     labels = manifest.data.get("labels")
     unlabelled = unlabelled_nodes(labels, nodes)
     refused = [name for name in cfg.strategy if name not in WITHOUT_LABELS]

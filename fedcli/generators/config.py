@@ -13,6 +13,7 @@ import typing
 from pathlib import Path
 
 import fedcli.generators as package
+from fedcli.core import plugins
 from fedcli.core.errors import UserError
 from fedcli.experiment.config import (EXP_HELP, GIVEN, MAX_BATCH, MAX_COUNT, MAX_SEED, MAX_THREADS, THREADS_HELP,
                                       Device, Engine, Launch, ModelName, check_ranges, option, ranged)
@@ -35,7 +36,7 @@ class CommonOptions:
     generator: str = option("stylegan2", panel=GENERATOR, help=(
         "Kind of generator: stylegan2 (FedER's GAN, per node) or vqvae2 (the generative-replay study's VQ-VAE-2, "
         "trained serially across the nodes: --iterations steps at each, --batch; its own options say vqvae2). The "
-        "options below are the stylegan2 kind's unless said otherwise."))
+        "options below are the stylegan2 kind's unless said otherwise." + plugins.listed("generators")))
     # default: the partition's seed
     seed: int | None = ranged(None, 0, MAX_SEED, panel=OUTPUT, help="Seed \\[default: the partition's].")
     iterations: int = ranged(400, 1, MAX_COUNT, panel=GENERATOR, help="Phase 1 (standard GAN) iteration cap.")
@@ -94,28 +95,60 @@ class CommonOptions:
         return getattr(self, "dp_epsilon", None) is not None
 
 
-def declared(module: str, name: str) -> list:
-    """What each kind sub-package (on any of fedcli.generators' paths) declares as `name` in its `module`: the one
-    discovery the config (OPTIONS in options.py) and the registry (KIND in kind.py) share."""
+def declared(module: str, name: str) -> list[tuple[typing.Any, plugins.Plugin | None]]:
+    """What each kind sub-package (on any of fedcli.generators' paths), then each generator plugin's package,
+    declares as `name` in its `module`, with the plugin it came from (None: fedcli's): the one discovery the
+    config (OPTIONS in options.py) and the registry (KIND in kind.py) share."""
     found = []
     for sub in pkgutil.iter_modules(package.__path__):
         full = f"{package.__name__}.{sub.name}.{module}"
         if sub.ispkg and importlib.util.find_spec(full) is not None:
-            found.append(getattr(importlib.import_module(full), name))
+            found.append((getattr(importlib.import_module(full), name), None))
+    for plugin in plugins.installed("generators"):
+        part = dataclasses.replace(plugin, value=f"{plugin.value}.{module}:{name}")
+        found.append((part.load(), plugin))
     return found
 
 
-def merged_fields(classes: list[type]) -> list[tuple[str, typing.Any, dataclasses.Field]]:
-    """The kinds' fields, once each: a name two kinds declare must be one declaration (a shared dataclass)."""
-    fields: dict[str, tuple[str, typing.Any, dataclasses.Field]] = {}
-    for cls in classes:
+def merged_fields(classes: list[tuple[type, plugins.Plugin | None]]) -> list[tuple[str, typing.Any, dataclasses.Field]]:
+    """The kinds' fields, once each: a name two kinds declare must be one declaration (a shared dataclass); a
+    plugin's field must be an option (its help, at least) and takes the generator panel unless it names one."""
+    common = {field.name for field in dataclasses.fields(CommonOptions)}
+    declared: dict[str, dataclasses.Field] = {}  # name -> the field as its dataclass declares it
+    fields: list[tuple[str, typing.Any, dataclasses.Field]] = []
+    for cls, plugin in classes:
+        if plugin is not None and not dataclasses.is_dataclass(cls):
+            raise plugin.refuse(f"declares OPTIONS = {cls!r} in {plugin.value}.options, not a dataclass")
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):
-            if field.name in fields and fields[field.name][2] is not field:
+            if declared.get(field.name) is field:  # inherited from a dataclass another kind's options inherit too
+                continue
+            if plugin is not None:
+                check_plugin_field(plugin, field, common | set(declared))
+            elif field.name in declared:
                 raise ValueError(f"option {field.name!r} is declared by two generator kinds; declare it once, in a "
                                  "dataclass both kinds' options inherit (generators/shared_options.py)")
-            fields.setdefault(field.name, (field.name, hints[field.name], field))
-    return list(fields.values())
+            declared[field.name] = field
+            fields.append((field.name, hints[field.name], field if plugin is None else plugin_field(field)))
+    return fields
+
+
+def check_plugin_field(plugin: plugins.Plugin, field: dataclasses.Field, taken: set[str]) -> None:
+    if field.name in taken:
+        raise plugin.refuse(f"declares option {field.name!r}, which train-gan or another generator kind declares; "
+                            "rename it, or inherit the dataclass that declares it")
+    if not field.metadata.get("help") or field.default is dataclasses.MISSING:
+        raise plugin.refuse(f"declares option {field.name!r} without a default and help; declare it with "
+                            "fedcli.experiment.config.option(default, help) or ranged(default, low, high, help)")
+
+
+def plugin_field(field: dataclasses.Field) -> dataclasses.Field:
+    """A plugin's option in the generator panel of train-gan --help when it names none."""
+    if field.metadata.get("panel"):
+        return field
+    moved = dataclasses.field(default=field.default, metadata={**field.metadata, "panel": GENERATOR})
+    moved.name = field.name
+    return moved
 
 
 def checks(classes: list[type]) -> list[typing.Callable]:
@@ -124,9 +157,9 @@ def checks(classes: list[type]) -> list[typing.Callable]:
     return list(dict.fromkeys(found))
 
 
-KIND_OPTIONS = declared("options", "OPTIONS")
-CHECKS = checks(KIND_OPTIONS)
+DECLARED_OPTIONS = declared("options", "OPTIONS")
+CHECKS = checks([cls for cls, _ in DECLARED_OPTIONS])
 GanConfig = dataclasses.make_dataclass(
     "GanConfig", [(name, kind, dataclasses.field(default=f.default, metadata=f.metadata))
-                  for name, kind, f in merged_fields(KIND_OPTIONS)],
+                  for name, kind, f in merged_fields(DECLARED_OPTIONS)],
     bases=(CommonOptions,), frozen=True, namespace={"__doc__": CommonOptions.__doc__, "__module__": __name__})

@@ -18,13 +18,26 @@ from fedcli.generators.protocol import CodeSharing, GeneratorKind
 from fedcli.generators.record import kind_name, read_gan_config
 
 
+def own_options(kind: GeneratorKind) -> frozenset[str]:
+    """The options `kind` reads beyond train-gan's common ones: its options dataclass's fields."""
+    return frozenset(field.name for field in dataclasses.fields(kind.options))
+
+
 def discover() -> dict[str, GeneratorKind]:
-    """Every kind a sub-package of fedcli.generators declares in its kind.py (on any of the package's paths), by
-    name."""
+    """Every kind a sub-package of fedcli.generators declares in its kind.py (on any of the package's paths), then
+    every generator plugin's (core/plugins.py), by name."""
     kinds: dict[str, GeneratorKind] = {}
-    for kind in declared("kind", "KIND"):
-        if kind.name in kinds:
-            raise ValueError(f"generator kind {kind.name!r} is declared by two sub-packages")
+    for kind, plugin in declared("kind", "KIND"):
+        if plugin is None:
+            if kind.name in kinds:
+                raise ValueError(f"generator kind {kind.name!r} is declared by two sub-packages")
+        elif getattr(kind, "name", None) != plugin.name:
+            raise plugin.refuse(f"declares KIND named {getattr(kind, 'name', None)!r} in {plugin.value}.kind, not "
+                                f"{plugin.name!r} as its entry point")
+        elif kind.name in kinds:
+            raise plugin.refuse(f"takes the name of fedcli's generator kind {kind.name!r}; rename it")
+        elif not dataclasses.is_dataclass(getattr(kind, "options", None)):
+            raise plugin.refuse("declares KIND without an options dataclass (its `options`)")
         kinds[kind.name] = kind
     return kinds
 
@@ -36,11 +49,6 @@ def generator_kind(name: str) -> GeneratorKind:
     if name not in KINDS:
         raise UserError(f"--generator {name} is not a generator kind; use one of {', '.join(sorted(KINDS))}")
     return KINDS[name]
-
-
-def own_options(kind: GeneratorKind) -> frozenset[str]:
-    """The options `kind` reads beyond train-gan's common ones: its options dataclass's fields."""
-    return frozenset(field.name for field in dataclasses.fields(kind.options))
 
 
 def recorded_kind(record: dict) -> GeneratorKind:

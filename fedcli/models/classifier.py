@@ -1,4 +1,4 @@
-"""Classifier factory: a small CNN with BatchNorm for quick runs, and torchvision's ResNet-18 (the FedER
+"""Classifier factory: a user's own (models/user_models.py), a small CNN with BatchNorm for quick runs, and torchvision's ResNet-18 (the FedER
 study's), ResNet-34 (the generative-replay study's), ResNet-50, DenseNet-121 and EfficientNet-B0 (FedPerl's; its
 dropout and stochastic depth draw from the global generator, which local training seeds from a keyed stream for
 each call: training/settings.py).
@@ -18,8 +18,9 @@ from torch import nn
 
 from fedcli.core.errors import UserError
 from fedcli.core.weights import BACKBONES, hub_checkpoint, load_state
+from fedcli.experiment.config import MODELS
+from fedcli.models import user_models
 
-MODELS = ("cnn", "resnet18", "resnet34", "resnet50", "densenet121", "efficientnet_b0")
 HUB_FILES = {name: BACKBONES[name].filename for name in MODELS[1:]}
 
 
@@ -78,13 +79,17 @@ def torchvision_model(name: str, in_channels: int, num_classes: int, pretrained:
 
 def build_classifier(name: str, in_channels: int, num_classes: int, init_seed: int, pretrained: bool = False,
                      weights: Path | None = None) -> nn.Module:
-    if name not in MODELS:
-        raise UserError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    user = user_models.is_user_model(name)
+    if name not in MODELS and not user:
+        raise UserError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}, or module:factory")
+    if pretrained and (user or name == "cnn"):
+        raise UserError(f"--pretrained needs a torchvision model ({', '.join(MODELS[1:])}); {name} loads no "
+                        "ImageNet weights")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
+        if user:
+            return user_models.build(name, in_channels, num_classes)
         if name == "cnn":
-            if pretrained:
-                raise UserError(f"--pretrained needs a torchvision model ({', '.join(MODELS[1:])})")
             return SmallCNN(in_channels, num_classes)
         return torchvision_model(name, in_channels, num_classes, pretrained, weights)
 

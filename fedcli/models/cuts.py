@@ -17,6 +17,7 @@ from __future__ import annotations
 from torch import nn
 
 from fedcli.core.errors import UserError
+from fedcli.models import user_models
 
 STEM = "stem"
 CUTS = {
@@ -35,6 +36,13 @@ ENDS = {
 
 
 def check_cut(architecture: str, cut: str) -> None:
+    if user_models.is_user_model(architecture):
+        declared = tuple(user_models.cuts(architecture))
+        if cut not in declared:
+            offered = f"it declares {', '.join(declared)}" if declared else "its factory declares no `cuts`"
+            raise UserError(f"--cut {cut} is not a cut of --model {architecture} ({offered}); declare it as "
+                            f"factory.cuts = {{{cut!r}: split}} with split(model) -> (bottom, top) (docs/python.md)")
+        return
     if architecture not in CUTS:
         raise UserError(f"{architecture} has no cut (splitnn and fedreplay cut {', '.join(CUTS)}); choose one of them "
                         "with --model")
@@ -45,6 +53,8 @@ def check_cut(architecture: str, cut: str) -> None:
 def split(model: nn.Module, architecture: str, cut: str) -> tuple[nn.Sequential, nn.Sequential]:
     """(bottom, top) of `model` at `cut`, made of the model's own modules."""
     check_cut(architecture, cut)
+    if user_models.is_user_model(architecture):
+        return user_models.split(architecture, cut, model)
     if architecture == "cnn":
         end = ENDS["cnn"][cut]
         layers = list(model.features)

@@ -36,7 +36,7 @@ from fedcli.data.partition import rules_of
 from fedcli.experiment.artifacts import write_json
 from fedcli.experiment.config import ATTACK_OPTIONS, LOWER_IS_BETTER, METRIC_COLUMNS, settled, to_json
 from fedcli.experiment.locking import locked
-from fedcli.experiment.paths import PHASE1_STATE, gan_dir
+from fedcli.experiment.paths import PHASE1_STATE, check_experiment_folder, gan_dir
 from fedcli.experiment.subexperiments import key_values
 from fedcli.federate.config import FederateConfig, inapplicable, resolved_options
 from fedcli.federate.strategies import REGISTRY
@@ -44,9 +44,20 @@ from fedcli.generators.config import GAN_ENGINE_OPTIONS
 from fedcli.generators.registry import generator_kind, own_options
 from fedcli.generators.stylegan2.phase1_state import phase1_options
 from fedcli.pipeline.ledger import Ledger, fingerprint
-from fedcli.pipeline.recipe import NOT_FINGERPRINTED, SEED_OPTION, Point, Recipe
+from fedcli.pipeline.recipe import NOT_FINGERPRINTED, SEED_OPTION, Point, Recipe, RunOptions
+from fedcli.pipeline.shipped import locate
 
 REGIME_FILE = "regime.json"  # <exp>/regime/: the [regime] sweep's readings and choice
+
+
+def prepared(recipe: Path, given: RunOptions) -> tuple[Recipe, Path]:
+    """The recipe (a file, or a shipped recipe's name) with `--set` and `--threads` applied, and its experiment
+    folder (default: results/<recipe name>): what `fedcli run` and fedcli.api.run start from."""
+    path = locate(recipe)
+    exp = given.exp if given.exp is not None else Path("results") / path.stem
+    check_experiment_folder(exp)
+    return Recipe.load(path, list(given.set), given.threads), exp
+
 
 class Runner:
     def __init__(self, recipe: Recipe, exp: Path, dry_run: bool = False):

@@ -1,4 +1,5 @@
-"""The stages' summaries in the report: the partition, and each node's generators (StyleGAN2 phases, VQ-VAE-2 chain)."""
+"""The stages' summaries in the report: the partition, and each node's generators (StyleGAN2 phases, VQ-VAE-2 chain,
+or any other kind's buffer and fidelity)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
         return Missing(title, "fedcli train-gan")
     if all("serial" in g for g in gans):
         return vqvae2_summary(subs, gans)
+    if not all("phase1" in g for g in gans):
+        return kind_summary(gans)
     standalone = [own_scores(run.metrics, "accuracy") for s in subs if (run := s.run("standalone")) is not None]
     rows = {}
     for node in dict.fromkeys(g["node"] for g in gans):
@@ -89,6 +92,24 @@ def gan_summary(subs: list[SubExperiment]) -> Built:
     if settings:
         note += " " + settings_note(settings, gans[0]["config"], gans[0]["buffer"].get("truncation", 1.0))
     return ReportTable("gan_summary", title, pd.DataFrame(rows).T, note, rows_are="node")
+
+
+def kind_summary(gans: list[dict]) -> ReportTable:
+    """Generators of a kind without a table of its own here (a generator plugin's, or kinds mixed): each node's
+    kind and buffer, and the fidelity score train-gan gives every kind."""
+    rows = {}
+    for node in dict.fromkeys(g["node"] for g in gans):
+        mine = [g for g in gans if g["node"] == node]
+        rows[node] = {"kind": ", ".join(dict.fromkeys(g["config"]["generator"] for g in mine)),
+                      "buffer": str(mine[0]["buffer"]["size"])}
+        scored = [g["fidelity"] for g in mine if g.get("fidelity")]
+        if scored:
+            rows[node] |= {"fidelity ratio": Stat.of([f["ratio"] for f in scored]),
+                           "synthetic acc": Stat.of([f["synthetic_accuracy"] for f in scored]),
+                           "real acc": Stat.of([f["real_accuracy"] for f in scored])}
+    note = ("Fidelity: the federate classifier trained on the released buffer only (synthetic acc) or on the node's "
+            "real training images (real acc), both tested on the node's real test images; ratio = synthetic / real.")
+    return ReportTable("gan_summary", "Generator summary per node", pd.DataFrame(rows).T, note, rows_are="node")
 
 
 def vqvae2_summary(subs: list[SubExperiment], gans: list[dict]) -> Built:

@@ -10,6 +10,7 @@ import pkgutil
 import typing
 from typing import Any
 
+from fedcli.core import plugins
 from fedcli.core.errors import UserError
 from fedcli.experiment.config import check_ranges
 from fedcli.federate.strategies.base import ENSEMBLE, GLOBAL_TEST, LABELS, NODES, Declaration, Strategy
@@ -129,12 +130,34 @@ def meaning(field: dataclasses.Field) -> tuple:
 
 
 def discover() -> Registry:
+    """The strategies of this package's modules, then those of strategy plugins (core/plugins.py)."""
     registry = Registry()
     for module in pkgutil.iter_modules(__path__):
         if not module.name.startswith("_"):
             for declaration in getattr(importlib.import_module(f"{__name__}.{module.name}"), "DECLARED", ()):
                 registry.add(declaration)
+    for plugin in plugins.checked("strategies", set(registry.names())):
+        try:
+            registry.add(plugin_declaration(plugin))
+        except ValueError as exc:  # an option of another meaning under a taken name
+            raise plugin.refuse(str(exc).split("; ")[0].replace(f"strategy {plugin.name!r} ", "")) from exc
     return registry
+
+
+def plugin_declaration(plugin: plugins.Plugin) -> Declaration:
+    """The declaration a strategy plugin's module gives under the plugin's name, its options checked as a
+    built-in's are when the registry adds them."""
+    declared = {getattr(d, "name", None): d for d in getattr(plugin.load(), "DECLARED", ())}
+    declaration = declared.get(plugin.name)
+    if not isinstance(declaration, Declaration):
+        raise plugin.refuse(f"names module {plugin.value}, whose DECLARED holds no Declaration named {plugin.name!r}")
+    if not dataclasses.is_dataclass(declaration.options):
+        raise plugin.refuse(f"declares options {declaration.options!r}, not a dataclass")
+    for field in declaration.option_fields():
+        if not field.metadata.get("help") or field.default is dataclasses.MISSING:
+            raise plugin.refuse(f"declares option {field.name!r} without a default and help; declare it with "
+                                "fedcli.federate.strategies.base.option(default, low, high, help) or flag(default, help)")
+    return declaration
 
 
 REGISTRY = discover()

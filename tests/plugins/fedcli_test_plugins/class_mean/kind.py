@@ -1,8 +1,6 @@
-"""The class-mean kind: KIND, as the registry looks for it."""
+"""The class-mean kind: KIND, as the registry looks for it in a generator plugin's package."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pandas as pd
 import torch
@@ -13,7 +11,7 @@ from fedcli.experiment.paths import GENERATOR, GENERATOR_CONTROL, GENERATOR_PHAS
 from fedcli.generators.buffer import to_uint8
 from fedcli.generators.perceptual import Perceptual
 from fedcli.generators.protocol import CONTROL, RELEASED, STANDARD, Trained
-from fedcli.generators.shared_options import LpipsOptions
+from fedcli_test_plugins.class_mean.options import ClassMeanOptions
 
 
 class ClassMeans(nn.Module):
@@ -42,11 +40,6 @@ class ClassMeans(nn.Module):
 
     def noise_shapes(self) -> list[tuple[int, ...]]:
         return []
-
-
-@dataclasses.dataclass(frozen=True)
-class ClassMeanOptions(LpipsOptions):
-    """It reads the LPIPS options alone (its training records the perceptual network, as the audit needs)."""
 
 
 class ClassMeanKind:
