@@ -21,7 +21,7 @@ from fedcli.core.errors import UserError
 from fedcli.experiment import events
 from fedcli.experiment.config import (AuditConfig, PartitionConfig, ReportConfig, USER_FACTORY, resolve,
                                       stage_values, user_fields)
-from fedcli.experiment.paths import audit_dir, federate_dir, gan_dir, partition_dir, report_dir
+from fedcli.experiment.paths import audit_dir, federate_dir, gan_dir, report_dir
 
 __all__ = ["partition", "train_generators", "federate", "audit", "report", "run", "PartitionResult",
            "GeneratorsResult", "FederateResult", "AuditResult", "ReportResult", "RunResult"]
@@ -73,10 +73,10 @@ def partition(exp: Path | str, *, config_file: Path | str | None = None, **optio
     from fedcli.data.partition import run as run_partition
     from fedcli.federate.strategies import REGISTRY
 
-    manifest = run_partition(config(PartitionConfig, "partition", exp, config_file, options), REGISTRY.reserved_names())
-    folder = partition_dir(Path(exp))
-    return PartitionResult(Path(exp), folder / "manifest.json", tuple(manifest.node_names),
-                           pd.read_csv(folder / "summary.csv"))
+    cfg = config(PartitionConfig, "partition", exp, config_file, options)
+    manifest = run_partition(cfg, REGISTRY.reserved_names())
+    return PartitionResult(cfg.exp, manifest.path, tuple(manifest.node_names),
+                           pd.read_csv(manifest.path.parent / "summary.csv"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -137,6 +137,15 @@ def test_a_plugin_taking_a_built_in_name_stops_the_command_line_in_one_line(tmp_
         f"{name!r}; rename it; fix that distribution or uninstall it (pip uninstall clash)"]
 
 
+CLASHING = """import dataclasses
+from fedcli.federate.strategies.base import Declaration, option
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    server_lr: float = option(1.0, 0, 5, help="A step of another meaning.")
+
+DECLARED = (Declaration("clashing", "a clash", lambda o: None, options=Options),)
+"""
 KIND = "from fedcli.generators.vqvae2.kind import KIND\n"
 OPTIONS = "from fedcli.generators.vqvae2.options import OPTIONS\n"
 
@@ -150,6 +159,9 @@ OPTIONS = "from fedcli.generators.vqvae2.options import OPTIONS\n"
     ("strategies", "fedavg-step = broken", {"broken.py": "DECLARED = ()"},
      "plugin strategy 'fedavg-step' is given by two distributions, bad 0.1 and fedcli-test-plugins 0.1; uninstall "
      "one of them (pip uninstall bad, or pip uninstall fedcli-test-plugins)"),
+    ("strategies", "clashing = clashing", {"clashing.py": CLASHING},  # a module name of its own: one import per test run
+     "plugin strategy 'clashing' of distribution bad 0.1 cannot join the registry (strategy 'clashing' declares "
+     "option 'server_lr' with another meaning than"),
     ("generators", "lost = broken", {"broken.py": ""},
      "plugin generator kind 'lost' of distribution bad 0.1 fails to import (broken.kind:KIND: ModuleNotFoundError"),
     ("generators", "vqvae2 = twin", {"twin/__init__.py": "", "twin/kind.py": KIND, "twin/options.py": OPTIONS},

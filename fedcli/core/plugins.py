@@ -41,14 +41,19 @@ class Plugin:
 
     def load(self) -> Any:
         """The module or attribute the entry point names; an import that fails is refused in one line."""
-        module, _, attribute = self.value.partition(":")
         try:
-            loaded = importlib.import_module(module.strip())
-            for part in filter(None, attribute.strip().split(".")):
-                loaded = getattr(loaded, part)
+            return imported(self.value)
         except Exception as exc:  # any failure inside a third party's module is its distribution's to fix
             raise self.refuse(f"fails to import ({self.value}: {type(exc).__name__}: {exc})") from exc
-        return loaded
+
+
+def imported(value: str) -> Any:
+    """The module, or its attribute, that `module[:attribute.path]` names, as an entry point's value does."""
+    module, _, attribute = value.partition(":")
+    loaded = importlib.import_module(module.strip())
+    for part in filter(None, attribute.strip().split(".")):
+        loaded = getattr(loaded, part)
+    return loaded
 
 
 @functools.cache

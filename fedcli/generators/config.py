@@ -111,11 +111,12 @@ def declared(module: str, name: str) -> list[tuple[typing.Any, plugins.Plugin | 
 
 
 def merged_fields(classes: list[tuple[type, plugins.Plugin | None]]) -> list[tuple[str, typing.Any, dataclasses.Field]]:
-    """The kinds' fields, once each: a name two kinds declare must be one declaration (a shared dataclass); a
-    plugin's field must be an option (its help, at least) and takes the generator panel unless it names one."""
+    """GanConfig's fields from the kinds' options, once each: a name two kinds declare must be one declaration (a
+    shared dataclass); a plugin's field must be an option (a default and help) and takes the generator panel unless
+    it names one."""
     common = {field.name for field in dataclasses.fields(CommonOptions)}
     declared: dict[str, dataclasses.Field] = {}  # name -> the field as its dataclass declares it
-    fields: list[tuple[str, typing.Any, dataclasses.Field]] = []
+    fields = []
     for cls, plugin in classes:
         if plugin is not None and not dataclasses.is_dataclass(cls):
             raise plugin.refuse(f"declares OPTIONS = {cls!r} in {plugin.value}.options, not a dataclass")
@@ -129,7 +130,9 @@ def merged_fields(classes: list[tuple[type, plugins.Plugin | None]]) -> list[tup
                 raise ValueError(f"option {field.name!r} is declared by two generator kinds; declare it once, in a "
                                  "dataclass both kinds' options inherit (generators/shared_options.py)")
             declared[field.name] = field
-            fields.append((field.name, hints[field.name], field if plugin is None else plugin_field(field)))
+            panel = {} if plugin is None or field.metadata.get("panel") else {"panel": GENERATOR}
+            fields.append((field.name, hints[field.name],
+                           dataclasses.field(default=field.default, metadata={**field.metadata, **panel})))
     return fields
 
 
@@ -142,15 +145,6 @@ def check_plugin_field(plugin: plugins.Plugin, field: dataclasses.Field, taken: 
                             "fedcli.experiment.config.option(default, help) or ranged(default, low, high, help)")
 
 
-def plugin_field(field: dataclasses.Field) -> dataclasses.Field:
-    """A plugin's option in the generator panel of train-gan --help when it names none."""
-    if field.metadata.get("panel"):
-        return field
-    moved = dataclasses.field(default=field.default, metadata={**field.metadata, "panel": GENERATOR})
-    moved.name = field.name
-    return moved
-
-
 def checks(classes: list[type]) -> list[typing.Callable]:
     """Each options dataclass's own `check`, a shared one once, inherited ones first."""
     found = [vars(klass)["check"] for cls in classes for klass in reversed(cls.__mro__) if "check" in vars(klass)]
@@ -160,6 +154,4 @@ def checks(classes: list[type]) -> list[typing.Callable]:
 DECLARED_OPTIONS = declared("options", "OPTIONS")
 CHECKS = checks([cls for cls, _ in DECLARED_OPTIONS])
 GanConfig = dataclasses.make_dataclass(
-    "GanConfig", [(name, kind, dataclasses.field(default=f.default, metadata=f.metadata))
-                  for name, kind, f in merged_fields(DECLARED_OPTIONS)],
-    bases=(CommonOptions,), frozen=True, namespace={"__doc__": CommonOptions.__doc__, "__module__": __name__})
+    "GanConfig", merged_fields(DECLARED_OPTIONS), bases=(CommonOptions,), frozen=True, namespace={"__doc__": CommonOptions.__doc__, "__module__": __name__})

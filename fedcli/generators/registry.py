@@ -28,17 +28,18 @@ def discover() -> dict[str, GeneratorKind]:
     every generator plugin's (core/plugins.py), by name."""
     kinds: dict[str, GeneratorKind] = {}
     for kind, plugin in declared("kind", "KIND"):
+        name = getattr(kind, "name", None)
         if plugin is None:
-            if kind.name in kinds:
-                raise ValueError(f"generator kind {kind.name!r} is declared by two sub-packages")
-        elif getattr(kind, "name", None) != plugin.name:
-            raise plugin.refuse(f"declares KIND named {getattr(kind, 'name', None)!r} in {plugin.value}.kind, not "
-                                f"{plugin.name!r} as its entry point")
-        elif kind.name in kinds:
-            raise plugin.refuse(f"takes the name of fedcli's generator kind {kind.name!r}; rename it")
+            if name in kinds:
+                raise ValueError(f"generator kind {name!r} is declared by two sub-packages")
+        elif name != plugin.name:
+            raise plugin.refuse(f"declares KIND named {name!r} in {plugin.value}.kind, not {plugin.name!r} as its "
+                                "entry point")
+        elif name in kinds:
+            raise plugin.refuse(f"takes the name of fedcli's generator kind {name!r}; rename it")
         elif not dataclasses.is_dataclass(getattr(kind, "options", None)):
             raise plugin.refuse("declares KIND without an options dataclass (its `options`)")
-        kinds[kind.name] = kind
+        kinds[name] = kind
     return kinds
 
 

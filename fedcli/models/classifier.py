@@ -1,5 +1,5 @@
-"""Classifier factory: a user's own (models/user_models.py), a small CNN with BatchNorm for quick runs, and torchvision's ResNet-18 (the FedER
-study's), ResNet-34 (the generative-replay study's), ResNet-50, DenseNet-121 and EfficientNet-B0 (FedPerl's; its
+"""Classifier factory: a user's own (models/user_models.py), a small CNN with BatchNorm for quick runs, and
+torchvision's ResNet-18 (the FedER study's), ResNet-34 (the generative-replay study's), ResNet-50, DenseNet-121 and EfficientNet-B0 (FedPerl's; its
 dropout and stochastic depth draw from the global generator, which local training seeds from a keyed stream for
 each call: training/settings.py).
 

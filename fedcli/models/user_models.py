@@ -1,12 +1,11 @@
 """A user's own classifier: `--model module:factory` (or the API's `model=`), or a classifier plugin
 (core/plugins.py, group fedcli.models), either a function `factory(in_channels, num_classes)` returning the
-`nn.Module` (the module is looked for on the Python path and in the current folder). The strategies that cut a classifier (FedReplay, SplitNN) need the factory's own cuts:
-`factory.cuts = {"stem": split, ...}`, each `split(model)` returning (bottom, top) made of the model's modules,
-under --cut's names (models/cuts.py)."""
+`nn.Module` (the module is looked for on the Python path and in the current folder). The strategies that cut a
+classifier (FedReplay, SplitNN) need the factory's own cuts: `factory.cuts = {"stem": split, ...}`, each
+`split(model)` returning (bottom, top) made of the model's modules, under --cut's names (models/cuts.py)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -24,7 +23,7 @@ def is_user_model(name: str) -> bool:
 
 def factory(name: str) -> Callable:
     """The function `name` (module:factory, or a classifier plugin's name) names."""
-    plugin = next((p for p in plugins.checked("models", MODELS) if p.name == name), None)
+    plugin = next((p for p in plugins.installed("models") if p.name == name), None)
     if plugin is not None:
         found = plugin.load()
         if not callable(found):
@@ -33,7 +32,7 @@ def factory(name: str) -> Callable:
     module, _, attribute = name.partition(":")
     sys.path.append(os.getcwd())  # the user's module beside them, after everything installed, while it is imported
     try:
-        found = getattr(importlib.import_module(module), attribute)
+        found = plugins.imported(name)
     except Exception as exc:  # the user's module: any failure in it is theirs to see, in one line
         raise UserError(f"--model {name}: cannot import {attribute} from {module} ({type(exc).__name__}: {exc}); "
                         "put the module on PYTHONPATH (or install it) and name a function in it") from exc

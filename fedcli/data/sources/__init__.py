@@ -29,7 +29,7 @@ assert tuple(READERS) == SOURCES
 def read_source(cfg: PartitionConfig) -> SourceData:
     if cfg.source in READERS:
         return READERS[cfg.source](cfg)
-    plugin = next(p for p in plugins.checked("sources", SOURCES) if p.name == cfg.source)
+    plugin = next(p for p in plugins.installed("sources") if p.name == cfg.source)
     return checked_files(plugin, plugin.load()(Path(cfg.data_dir)))
 
 

@@ -140,7 +140,7 @@ def discover() -> Registry:
         try:
             registry.add(plugin_declaration(plugin))
         except ValueError as exc:  # an option of another meaning under a taken name
-            raise plugin.refuse(str(exc).split("; ")[0].replace(f"strategy {plugin.name!r} ", "")) from exc
+            raise plugin.refuse(f"cannot join the registry ({exc})") from exc
     return registry
 
 
