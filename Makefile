@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+FLOWER := .venv-flower
+FLOWER_STAMP := $(FLOWER)/.installed
 
 .PHONY: demo test bench clean
 
@@ -13,11 +15,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# Flower, for --engine flower, in an environment of its own: it pins typer below 0.21, fedcli's command line
+# is built on typer 0.29 (docs/deploy.md)
+$(FLOWER_STAMP):
+	$(PYTHON) -m venv $(FLOWER)
+	$(FLOWER)/bin/python -m pip install --quiet --upgrade pip
+	$(FLOWER)/bin/python -m pip install --quiet 'flwr>=1.42,<1.43'
+	touch $(FLOWER_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/fedcli run recipes/quickstart.toml --exp results/demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+test: $(STAMP) $(FLOWER_STAMP)
+	FEDCLI_FLOWER_BIN=$(CURDIR)/$(FLOWER)/bin $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/dataset_throughput.py
@@ -27,4 +37,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/dp_gan_step.py
 
 clean:
-	rm -rf $(VENV) results/demo .pytest_cache
+	rm -rf $(VENV) $(FLOWER) results/demo .pytest_cache

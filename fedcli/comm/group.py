@@ -108,8 +108,8 @@ class Group:
     def assign(self, names: list[str]) -> None:
         self.names = list(names)
 
-    def close(self) -> None:
-        """Leave the group. When rank 0's own process hosts the store (no launcher or torchrun agent
+    def close(self, error: str | None = None) -> None:
+        """Leave the group (peers learn of a failure, `error`, from its dropped connections). When rank 0's own process hosts the store (no launcher or torchrun agent
         does), after a failure it keeps the store up until the other surviving ranks have read the
         verdict, so they name the right node; peers blocked on this rank may then wait for their
         timeout, since the failed exchange still holds its connections."""

@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from fedcli.comm.group import Group
+from fedcli.comm.relay_group import RelayGroup
 from fedcli.core.devices import distributed_backend, resolve_device
 from fedcli.core.errors import UserError, environment_message
 from fedcli.data.node_manifest import load_node_manifest
@@ -20,6 +22,7 @@ from fedcli.experiment.config import stage_values
 from fedcli.experiment.paths import inside
 
 MISMATCH_EXIT = 3  # an error whose `node_exit` says so (a checkpoint from other options): the launcher tells it apart
+RELAY_PORT = "FEDCLI_RELAY_PORT"  # --engine flower: the node's postbox port, for its bridge
 TENSORBOARD_FLAG = "--tensorboard"  # how a launcher passes the stage's --tensorboard on to its nodes
 
 
@@ -45,18 +48,41 @@ def joined(cfg, stage: str = ""):
     """This process as a rank of `cfg`'s group: (group, its node's manifest, its log, its device); a user error
     is logged before it propagates, and the group is left at the end."""
     backend, device = distributed_backend(resolve_device(cfg.device))
-    group = Group(cfg.timeout, backend, device)
+    if cfg.engine == "flower":
+        device = "cpu"  # the relay carries bytes; its collectives sum here
+        manifest = load_node_manifest(cfg.exp, cfg.node, 0)
+        group = RelayGroup(cfg.timeout, manifest.own, manifest.node_names, relay_bundle(cfg), relay_port())
+    else:
+        group = Group(cfg.timeout, backend, device)
+    error = "stopped"
     try:
         manifest = load_node_manifest(cfg.exp, cfg.node, group.rank)
         log = node_logger(cfg.exp, manifest.own)
         log.info("%srank %d of %d, backend %s, device %s", stage, group.rank, group.world, group.backend, device)
         try:
             yield group, manifest, log, device
+            error = None
         except UserError as exc:
             log.error("error: %s", exc)
+            error = str(exc)
             raise
     finally:
-        group.close()
+        group.close(error)
+
+
+def relay_bundle(cfg) -> Path:
+    if cfg.bundle is None:
+        raise UserError("--engine flower needs this node's --bundle (made by fedcli deploy), or --launch local")
+    return Path(cfg.bundle)
+
+
+def relay_port() -> int:
+    """The loopback port this node's postbox serves its bridge on (set by whoever starts the bridge)."""
+    try:
+        return int(os.environ[RELAY_PORT])
+    except (KeyError, ValueError):
+        raise UserError(f"--engine flower: {RELAY_PORT} does not name this node's postbox port; start the node with "
+                        "fedcli federate --engine flower (it starts the SuperNode and the bridge)") from None
 
 
 def node_main(argv: list[str], config_class: type, stage: str, run: Callable) -> None:

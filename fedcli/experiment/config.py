@@ -390,7 +390,7 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 
 
 Device = Literal["auto", "cpu", "cuda"]
-Engine = Literal["inprocess", "distributed"]
+Engine = Literal["inprocess", "distributed", "flower"]
 Launch = Literal["none", "local"]
 MODELS = ("cnn", "resnet18", "resnet34", "resnet50", "densenet121", "efficientnet_b0")  # models/classifier.py
 ModelName = Literal[(*MODELS, *(p.name for p in plugins.checked("models", MODELS)))]  # a classifier plugin's too

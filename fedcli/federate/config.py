@@ -28,7 +28,7 @@ PartialBatch = Literal["keep", "drop"]  # an epoch's last partial batch (trainin
 EvalStatistics = Literal["stored", "local"]  # BatchNorm statistics models are scored with (federate/evaluator.py)
 Labels = Literal["visible", "all"]  # --labels all: the oracle of the upper bounds (partition/hidden_labels.json)
 FIXMATCH_OPTIONS = ("confidence", "lambda_u", "unlabeled_ratio")
-ENGINE_OPTIONS = ("engine", "launch", "node", "timeout", "cross_eval", "threads")  # how a run executes, not what
+ENGINE_OPTIONS = ("engine", "launch", "node", "bundle", "timeout", "cross_eval", "threads")  # how a run executes, not what
 SHARED_SELECT_KEYS = ("rounds", "epochs", "lr")  # what a [select] grid may vary for every strategy
 
 
@@ -118,8 +118,9 @@ class SharedOptions:
     seed: int | None = ranged(None, 0, MAX_SEED, panel=OUTPUT, help="Seed \\[default: the partition's].")
     device: Device = option("auto", panel=ENGINE, help="auto (CUDA when present), cpu or cuda.")
     engine: Engine = option("inprocess", panel=ENGINE, help=(
-        "inprocess (every node simulated here) or distributed (one torch.distributed process per node: gloo on CPU, "
-        "nccl on CUDA)."))
+        "inprocess (every node simulated here), distributed (one torch.distributed process per node: gloo on CPU, "
+        "nccl on CUDA) or flower (one process per node, its payloads sealed and relayed by a Flower SuperLink: "
+        "docs/deploy.md)."))
     launch: Launch = option("none", panel=ENGINE, help=(
         "local: start one process per node on this machine (loopback); none: this process is one node, started by "
         "torchrun."))
@@ -127,6 +128,9 @@ class SharedOptions:
     node: str | None = option(None, flags=("--node", "--node-name"), panel=ENGINE, help=(
         "Distributed: the node this process is \\[default: by rank]. Under torchrun write --node-name (torchrun "
         "reads --node as its --node-rank)."))
+    bundle: Path | None = option(None, panel=ENGINE, help=(
+        "Flower: this node's bundle folder from fedcli deploy (its key, the allow-list, the CA certificate, the "
+        "SuperLink's address)."))
     # per transfer or collective
     timeout: float = ranged(300.0, 0, 7 * 86400, low_open=True, why="seconds", panel=ENGINE, help=(
         "Distributed: seconds any transfer or collective waits for a peer before the run stops."))
@@ -162,10 +166,13 @@ class SharedOptions:
                             f"{allowed} allow (their models never move or merge); {moving[0]} moves models: run it "
                             "separately with one architecture")
         if self.engine == "inprocess":
-            for name, value in (("launch", self.launch != "none"), ("node", self.node), ("cross-eval", self.cross_eval)):
+            for name, value in (("launch", self.launch != "none"), ("node", self.node), ("cross-eval", self.cross_eval),
+                                ("bundle", self.bundle)):
                 if value:
-                    raise UserError(f"--{name} applies to --engine distributed (the in-process engine runs every "
-                                    "node and evaluates every model on every test set)")
+                    raise UserError(f"--{name} applies to --engine distributed or flower (the in-process engine runs "
+                                    "every node and evaluates every model on every test set)")
+        if self.bundle is not None and self.engine != "flower":
+            raise UserError("--bundle is a Flower node's set-up: it applies to --engine flower")
         if self.node is not None and self.launch == "local":
             raise UserError("--node names the node of a process started by torchrun; --launch local assigns nodes "
                             "itself, so drop --node")
@@ -184,7 +191,7 @@ class SharedOptions:
                 raise UserError(f"--participation {self.participation:g} leaves nodes out of a round, which {whole[0]} "
                                 f"has no rule for; strategies that take it: {takes}")
         pooled = [d.name for d in declared if not d.distributed]
-        if self.engine == "distributed" and pooled:
+        if self.engine != "inprocess" and pooled:
             raise UserError(f"{pooled[0]} pools every node's data in one place, so it has no distributed form; run it "
                             "with --engine inprocess")
 

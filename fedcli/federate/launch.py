@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fedcli.comm.launcher import spawn
+from fedcli.comm import flower_launcher, launcher
 from fedcli.comm.node_process import MISMATCH_EXIT
 from fedcli.core.errors import UserError
 from fedcli.data.manifest import Manifest
@@ -31,7 +31,7 @@ def start_nodes(cfg: FederateConfig, manifest: Manifest, runs: list[tuple[str, i
         for node in manifest.node_names:
             load_buffer(cfg.exp, manifest, node, cfg.buffer_size, buffer_user(cfg))
     nodes = manifest.node_names
-    ended = spawn(cfg, nodes, "fedcli.federate.node")
+    ended = (flower_launcher if cfg.engine == "flower" else launcher).spawn(cfg, nodes, "fedcli.federate.node")
     if ended.failed:
         resumable = MISMATCH_EXIT not in ended.failed.values() and any(  # a round every node's part on disk holds
             Checkpoint(checkpoint_dir(federate_dir(cfg.exp, name, fold)), []).rounds() for name, fold in runs)

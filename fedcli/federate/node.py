@@ -69,7 +69,7 @@ class Rank:
     def assign_nodes(self) -> None:
         """Rank -> node, and one partition and one set of options across every rank."""
         # may differ between ranks: where things lie, the hardware, how patient, what to overwrite
-        local = ("exp", "device", "model_weights", "threads", "timeout", "node", "launch", "overwrite")
+        local = ("exp", "device", "model_weights", "threads", "timeout", "node", "bundle", "launch", "overwrite")
         claim_nodes(self.group, self.manifest, {k: v for k, v in to_json(self.cfg).items() if k not in local},
                     "federate")
 

@@ -34,7 +34,7 @@ from fedcli.federate.strategy_runs import (StrategyRun, buffer_user, check_outpu
 
 def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
     """Every strategy (and fold) of `cfg`: simulated here, or one process per node (distributed)."""
-    if cfg.engine == "distributed":
+    if cfg.engine != "inprocess":
         return launch.run(cfg) if cfg.launch == "local" else worker.run(cfg)
     manifest = Manifest.load(cfg.exp)
     runs = planned_runs(cfg, manifest)

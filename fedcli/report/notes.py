@@ -13,7 +13,7 @@ from fedcli.report.table import nodes_of
 
 def engine_note(subs: list[SubExperiment]) -> str | None:
     """Which strategies ran one process per node, and whether their models travelled for evaluation."""
-    runs = {r.strategy: r for s in subs for r in s.runs if r.config.get("engine") == "distributed"}
+    runs = {r.strategy: r for s in subs for r in s.runs if r.config.get("engine", "inprocess") != "inprocess"}
     if not runs:
         return None
     sent = [name for name, r in runs.items() if r.comm is not None and (r.comm.kind == "eval").any()]

@@ -46,7 +46,7 @@ Built = ReportTable | Missing
 def cross_evaluated(config: dict) -> bool:
     """Whether a run tested every node model on every test set (the distributed engine only with
     --cross-eval; the in-process simulation always)."""
-    return config.get("engine", "inprocess") != "distributed" or bool(config.get("cross_eval"))
+    return config.get("engine", "inprocess") == "inprocess" or bool(config.get("cross_eval"))
 
 
 def strategies_in(subs: list[SubExperiment], family: str) -> list[str]:

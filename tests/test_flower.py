@@ -1,0 +1,154 @@
+"""`--engine flower`: fedcli's nodes over Flower's deployment engine (a SuperLink, a SuperNode per node, TLS and node
+authentication), their payloads sealed end to end so the relay cannot read, alter, replay or redirect them.
+
+Flower lives in an environment of its own (`FEDCLI_FLOWER_BIN`; `make test` makes `.venv-flower`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pandas as pd
+import pytest
+import torch
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from conftest import copy_exp
+from fedcli.comm.bundles import make_federation
+from fedcli.comm.flower import wire
+from fedcli.comm.sealing import SealError, Sealer, public_line
+from fedcli.experiment.artifacts import load_tensors
+
+NODES = ("h1", "h2", "h3")
+FLOWER = ["--engine", "flower", "--launch", "local"]
+RUN = ["--rounds", "2", "--epochs", "1", "--bootstrap", "20", "--threads", "1"]
+needs_flower = pytest.mark.skipif(not os.environ.get("FEDCLI_FLOWER_BIN"),
+                                  reason="Flower's environment is not given (FEDCLI_FLOWER_BIN; make test sets it)")
+
+
+@pytest.fixture
+def sealers():
+    keys = {node: ec.generate_private_key(ec.SECP384R1()) for node in NODES}
+    allowed = {node: public_line(key) for node, key in keys.items()}
+    ends = {node: Sealer(node, keys[node], allowed) for node in NODES}
+    for node, end in ends.items():
+        for other in NODES:
+            if other != node:
+                end.admit(ends[other].announcement())
+    return ends, keys, allowed
+
+
+def test_the_recipient_opens_a_sealed_payload_and_the_relay_sees_no_plaintext(sealers):
+    ends, _, _ = sealers
+    payload = os.urandom(4096)
+    envelope = ends["h1"].seal("h2", payload)
+    assert payload not in envelope and payload[:64] not in envelope
+    assert ends["h2"].open("h1", envelope) == payload
+    second = ends["h1"].seal("h2", b"the next one")
+    assert ends["h2"].open("h1", second) == b"the next one"
+
+
+def test_another_nodes_key_a_flipped_byte_a_replay_and_a_misaddressed_envelope_are_refused(sealers):
+    ends, _, _ = sealers
+    envelope = ends["h1"].seal("h2", b"model bytes")
+    with pytest.raises(SealError, match="addressed to h2"):
+        ends["h3"].open("h1", envelope)  # the relay hands h2's envelope to h3
+    for position in (len(envelope) - 1, len(envelope) - 20):  # the tag, and the ciphertext
+        flipped = bytearray(envelope)
+        flipped[position] ^= 1
+        with pytest.raises(SealError, match="does not decrypt with h1's key"):
+            ends["h2"].open("h1", bytes(flipped))
+    tampered_header = envelope.replace(b'"seq": 0', b'"seq": 1')
+    with pytest.raises(SealError, match="sequence number is 1, expected 0"):
+        ends["h2"].open("h1", tampered_header)
+    with pytest.raises(SealError, match="as from h3: it was sealed by h1"):
+        ends["h2"].open("h3", envelope)
+    assert ends["h2"].open("h1", envelope) == b"model bytes"
+    with pytest.raises(SealError, match="a replay of one already received"):
+        ends["h2"].open("h1", envelope)
+    skipped = [ends["h1"].seal("h2", b"one"), ends["h1"].seal("h2", b"two")]
+    with pytest.raises(SealError, match="earlier ones are missing"):
+        ends["h2"].open("h1", skipped[1])  # the relay dropped one
+
+
+def test_a_swapped_or_unlisted_key_announcement_is_refused(sealers):
+    ends, keys, allowed = sealers
+    relay_key = ec.generate_private_key(ec.SECP384R1())
+    impostor = Sealer("h2", relay_key, {**allowed, "h2": public_line(relay_key)})  # a relay posing as h2
+    fresh = Sealer("h1", keys["h1"], allowed)
+    with pytest.raises(SealError, match="not signed by its key on the allow-list"):
+        fresh.admit(impostor.announcement())
+    stranger_key = ec.generate_private_key(ec.SECP384R1())
+    stranger = Sealer("h4", stranger_key, {**allowed, "h4": public_line(stranger_key)})
+    with pytest.raises(SealError, match="node h4 announced a key but is not on the federation's allow-list"):
+        fresh.admit(stranger.announcement())
+    with pytest.raises(SealError, match="not the one the allow-list holds"):
+        Sealer("h1", relay_key, allowed)  # a node started with a key the coordinator did not list
+    announced = json.loads(ends["h3"].announcement())
+    announced["x25519"] = os.urandom(32).hex()  # the relay swaps h3's key for its own
+    with pytest.raises(SealError, match="node h3's key announcement is not signed"):
+        fresh.admit(json.dumps(announced).encode())
+
+
+def test_wire_frames_carry_blobs_exactly_and_refuse_a_short_body():
+    header, body = wire.pack({"n": 3}, [b"", b"abc", os.urandom(1000)])
+    fields, blobs = wire.unpack(header, body)
+    assert fields == {"n": 3} and blobs[1] == b"abc" and len(blobs[2]) == 1000
+    with pytest.raises(ValueError, match="lists 1003 bytes"):
+        wire.unpack(header, body[:-1])
+
+
+def test_the_federation_keeps_its_allow_list_and_bundles_hold_only_their_own_key(tmp_path):
+    make_federation(tmp_path, list(NODES), "127.0.0.1:9000")
+    listed = json.loads((tmp_path / "superlink" / "allowlist.json").read_text())
+    assert sorted(listed) == sorted(NODES)
+    for node in NODES:
+        bundle = tmp_path / "bundles" / node
+        assert sorted(p.name for p in bundle.iterdir()) == ["allowlist.json", "ca.crt", "node.json", "node.key",
+                                                            "node.pub"]
+        assert oct((bundle / "node.key").stat().st_mode & 0o777) == "0o600"
+    assert not any(p.suffix == ".key" and p.name != "superlink.key" for p in (tmp_path / "superlink").iterdir())
+    make_federation(tmp_path, list(NODES), "127.0.0.1:9001")  # a new address: same identities
+    assert json.loads((tmp_path / "superlink" / "allowlist.json").read_text()) == listed
+
+
+def models(exp, name):
+    return {p.stem: load_tensors(p, "model") for p in sorted((exp / "federate" / name / "models").glob("*"))}
+
+
+@needs_flower
+def test_fedavg_and_feder_over_flower_equal_the_in_process_engine(cli, gan3_exp, tmp_path):
+    strategies = ["--strategy", "fedavg", "--strategy", "feder"]
+    reference = copy_exp(gan3_exp, tmp_path / "reference")
+    cli.ok("federate", "--exp", reference, *strategies, *RUN)
+    exp = copy_exp(gan3_exp, tmp_path / "flower")
+    cli.ok("federate", "--exp", exp, *strategies, *RUN, *FLOWER, "--cross-eval", "--timeout", "120")
+    for name in ("fedavg", "feder"):
+        assert (exp / "federate" / name / "metrics.csv").read_bytes() == \
+            (reference / "federate" / name / "metrics.csv").read_bytes(), name
+        comm = pd.read_csv(exp / "federate" / name / "comm.csv")
+        training = comm[comm.kind != "eval"].reset_index(drop=True)
+        assert training.to_dict("records") == pd.read_csv(reference / "federate" / name / "comm.csv").to_dict(
+            "records"), name
+        expected, got = models(reference, name), models(exp, name)
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key]), name
+    link = exp / "flower" / "superlink"  # what the coordinator's SuperLink holds: its own TLS key, public keys
+    assert sorted(p.name for p in link.iterdir()) == ["allowlist.json", "ca.crt", "superlink.crt", "superlink.key"]
+    node_keys = [(exp / "flower" / "bundles" / node / "node.key").read_bytes() for node in ("node0", "node1", "node2")]
+    for path in (exp / "logs" / "flower").iterdir():
+        assert not any(key in path.read_bytes() for key in node_keys), path
+
+
+@needs_flower
+def test_a_node_key_the_allow_list_does_not_hold_is_refused_before_flower_starts(cli, gan3_exp, tmp_path):
+    exp = copy_exp(gan3_exp, tmp_path)
+    make_federation(exp / "flower", ["node0", "node1", "node2"], "127.0.0.1:9000")
+    rogue = tmp_path / "rogue"
+    make_federation(rogue, ["node1"], "127.0.0.1:9000")
+    shutil.copy(rogue / "bundles" / "node1" / "node.key", exp / "flower" / "bundles" / "node1" / "node.key")
+    line = cli.user_error("federate", "--exp", exp, "--strategy", "fedavg", *RUN, *FLOWER)
+    assert "node node1's key" in line and "is not the key the allow-list holds for it; refused" in line
+    assert not (exp / "logs" / "flower").exists()  # refused by fedcli's set-up: no Flower process started
+    assert not (exp / "federate" / "fedavg").exists()
