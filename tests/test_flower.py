@@ -8,6 +8,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -152,3 +157,49 @@ def test_a_node_key_the_allow_list_does_not_hold_is_refused_before_flower_starts
     assert "node node1's key" in line and "is not the key the allow-list holds for it; refused" in line
     assert not (exp / "logs" / "flower").exists()  # refused by fedcli's set-up: no Flower process started
     assert not (exp / "federate" / "fedavg").exists()
+
+
+def node_pid(exp, node: str) -> int | None:
+    """The pid of `node`'s fedcli process of the run on `exp` (its config file is named after it)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"fedcli.federate.node" in command and f"FEDCLI_TEST_RUN={exp}".encode() in environ and any(
+                part.endswith(f"/{node}.json".encode()) for part in command):
+            return int(entry.name)
+    return None
+
+
+@needs_flower
+def test_a_node_killed_after_round_1_stops_the_run_naming_it_and_resume_gives_the_uninterrupted_bytes(
+        cli, gan3_exp, tmp_path):
+    args = ["--strategy", "feder", *RUN, "--timeout", "60"]
+    reference = copy_exp(gan3_exp, tmp_path / "reference")
+    cli.ok("federate", "--exp", reference, *args)
+    exp = copy_exp(gan3_exp, tmp_path / "killed")
+    flower = [*args, *FLOWER, "--cross-eval"]  # every model on every test set, as in process
+    launcher = subprocess.Popen([sys.executable, "-m", "fedcli", "federate", "--exp", str(exp), *flower],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "FEDCLI_TEST_RUN": str(exp)})
+    deadline = time.monotonic() + 300
+    while not (exp / "federate" / ".feder.checkpoint" / "node1" / "round-1.json").is_file():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.05)
+    os.kill(node_pid(exp, "node1"), signal.SIGKILL)
+    _, stderr = launcher.communicate(timeout=120)
+    lines = stderr.strip().splitlines()
+    assert launcher.returncode == 2 and lines[-1].startswith("error: distributed run failed: node1 was killed by "
+                                                            "SIGKILL; the others stopped (lost node1 during"), stderr
+    assert "rerun with --resume" in lines[-1]
+    assert node_pid(exp, "node0") is None and node_pid(exp, "node2") is None  # none left behind
+    cli.ok("federate", "--exp", exp, *flower, "--resume")
+    assert (exp / "federate" / "feder" / "metrics.csv").read_bytes() == \
+        (reference / "federate" / "feder" / "metrics.csv").read_bytes()
+    comm = pd.read_csv(exp / "federate" / "feder" / "comm.csv")
+    assert comm[comm.kind != "eval"].reset_index(drop=True).equals(pd.read_csv(reference / "federate" / "feder" /
+                                                                               "comm.csv"))
+    expected, got = models(reference, "feder"), models(exp, "feder")
+    assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key])
