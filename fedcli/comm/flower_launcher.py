@@ -38,6 +38,8 @@ from fedcli.experiment.paths import inside
 FLOWER = "flwr>=1.42,<1.43"
 FEDERATION = "fedcli"
 START_S = 60.0  # for a Flower process to open its port
+LAST_WORD_S = 30.0  # for the relay to acknowledge a hospital's end before its SuperNode stops
+FORWARD_S = 1.0  # for a SuperNode to forward its bridge's last answer
 FAB = """[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -141,6 +143,57 @@ class Federation:
             raise UserError(f"flwr {args[0]} {args[1]} failed: {reason} (see {self.log})")
         return answer
 
+    def superlink(self, host: str, port: int, logs_dir: Path) -> dict[str, str]:
+        """Start the SuperLink with the folder's certificate, list every node of its allow-list (node
+        authentication), and return the environment of the `flwr` command line that speaks to it."""
+        link, tmp, bin_dir = self.folder / "superlink", self.state, self.bin_dir
+        process = self.start("superlink", [
+            bin_dir / "flower-superlink", "--ssl-ca-certfile", link / "ca.crt", "--ssl-certfile",
+            link / "superlink.crt", "--ssl-keyfile", link / "superlink.key", "--enable-supernode-auth",
+            "--database", ":flwr-in-memory:", "--host", host, "--port", port,
+            "--disable-runtime-dependency-installation"], logs_dir / "superlink.log", flower_env(bin_dir, tmp / "superlink"))
+        wait_port(port, process, "the SuperLink", logs_dir / "superlink.log")
+        cli = flower_env(bin_dir, tmp / "cli")
+        (tmp / "cli" / "config.toml").write_text(
+            f'[superlink]\ndefault = "{FEDERATION}"\n\n[superlink.{FEDERATION}]\naddress = "127.0.0.1:{port}"\n'
+            f'root-certificates = "{link / "ca.crt"}"\n')
+        for node, line in allow_list(link).items():
+            public = tmp / f"{node}.pub"
+            public.write_text(line + "\n")
+            self.flwr(cli, "supernode", "register", public, FEDERATION, "--name", node)
+        return cli
+
+    def relay(self, cli: dict[str, str], nodes: list[str], timeout: float) -> str:
+        """Start the relay's run (fedcli/comm/flower/server_app.py) for `nodes`; its run id."""
+        fab = self.state / "app"
+        fab.mkdir(exist_ok=True)
+        (fab / "pyproject.toml").write_text(FAB)
+        started = self.flwr(cli, "run", fab, FEDERATION, "--run-config",
+                            f"nodes='{','.join(nodes)}' timeout={float(timeout)}")
+        return str(started["run-id"])
+
+    def hospital(self, bundle: Path, node: str, postbox: int, logs_dir: Path) -> None:
+        """Start `node`'s SuperNode, connecting out to the bundle's SuperLink, and its bridge to the postbox."""
+        runtime = free_port()
+        address = json.loads((bundle / "node.json").read_text())["superlink"]
+        env = flower_env(self.bin_dir, self.state / node)
+        supernode = self.start(f"supernode {node}", [
+            self.bin_dir / "flower-supernode", "--superlink", address, "--root-certificates", bundle / "ca.crt",
+            "--auth-supernode-private-key", bundle / "node.key", "--node-config", f"name='{node}' postbox={postbox}",
+            "--host", "127.0.0.1", "--port", runtime, "--isolation", "process"],
+            logs_dir / f"{node}-supernode.log", env)
+        wait_port(runtime, supernode, f"node {node}'s SuperNode", logs_dir / f"{node}-supernode.log")
+        self.start(f"bridge {node}", [self.bin_dir / "python", "-m", "fedcli.comm.flower.bridge",
+                                      f"127.0.0.1:{runtime}", node, postbox], logs_dir / f"{node}-bridge.log", env)
+
+    def wait(self, name: str, seconds: float) -> bool:
+        """Whether process `name` ended within `seconds`."""
+        try:
+            self.procs[name].wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def stop(self) -> None:
         for proc in self.procs.values():
             with contextlib.suppress(ProcessLookupError):
@@ -155,10 +208,21 @@ class Federation:
             proc.wait()
 
 
+@contextlib.contextmanager
+def processes(folder: Path, log: Path):
+    """A `Federation` of `folder`, its state in a temporary folder, every process stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix="fedcli-flower-") as tmp:
+        fed = Federation(folder, Path(tmp), flower_bin(), log)
+        try:
+            yield fed
+        finally:
+            fed.stop()
+
+
 def spawn(cfg, nodes: list[str], module: str) -> Ended:
     """One fedcli process per node with its SuperNode and bridge, a SuperLink and the relay's run; watched until
     every node has ended (as fedcli/comm/launcher.py's spawn)."""
-    bin_dir = flower_bin()
+    flower_bin()
     exp = cfg.exp
     folder = inside(exp, "flower").resolve()  # Flower takes absolute paths only
     link_port = free_port()
@@ -166,67 +230,74 @@ def spawn(cfg, nodes: list[str], module: str) -> Ended:
     check_bundles(folder, nodes)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // len(nodes))
     flags = [TENSORBOARD_FLAG] if events.tensorboard_wanted() else []
-    with tempfile.TemporaryDirectory(prefix="fedcli-flower-") as tmp:
-        fed = Federation(folder, Path(tmp), bin_dir, inside(exp, "logs", "flower", "flwr.log"))
-        try:
-            return launch(fed, cfg, nodes, module, link_port, threads, flags)
-        finally:
-            fed.stop()
-
-
-def launch(fed: Federation, cfg, nodes: list[str], module: str, link_port: int, threads: int,
-           flags: list[str]) -> Ended:
-    exp, tmp, folder, bin_dir = cfg.exp, fed.state, fed.folder, fed.bin_dir
     logs_dir = inside(exp, "logs", "flower")
-    link = folder / "superlink"
-    superlink = fed.start("superlink", [
-        bin_dir / "flower-superlink", "--ssl-ca-certfile", link / "ca.crt", "--ssl-certfile", link / "superlink.crt",
-        "--ssl-keyfile", link / "superlink.key", "--enable-supernode-auth", "--database", tmp / "superlink.db",
-        "--host", "127.0.0.1", "--port", link_port, "--disable-runtime-dependency-installation"],
-        logs_dir / "superlink.log", flower_env(bin_dir, tmp / "superlink"))
-    wait_port(link_port, superlink, "the SuperLink", logs_dir / "superlink.log")
-    cli = flower_env(bin_dir, tmp / "cli")
-    (tmp / "cli" / "config.toml").write_text(
-        f'[superlink]\ndefault = "{FEDERATION}"\n\n[superlink.{FEDERATION}]\naddress = "127.0.0.1:{link_port}"\n'
-        f'root-certificates = "{link / "ca.crt"}"\n')
-    for node in nodes:
-        fed.flwr(cli, "supernode", "register", folder / "bundles" / node / "node.pub", FEDERATION, "--name", node)
-    procs, logs = {}, {}
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), TOKEN_ENV: TOKEN}
-    for node in nodes:
-        values = to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node,
-                                             bundle=folder / "bundles" / node))
-        postbox, runtime = free_port(), free_port()
-        config = tmp / f"{node}.json"
-        config.write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
-        log = log_path(exp, node)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as handle:
-            logs[node] = (log, handle.tell())
-            procs[node] = subprocess.Popen([sys.executable, "-m", module, str(config), *flags], stdout=handle,
-                                           stderr=None if node == nodes[0] else handle,
-                                           env=env | {RELAY_PORT: str(postbox)})
-        bundle = folder / "bundles" / node
-        node_env = flower_env(bin_dir, tmp / node)
-        supernode = fed.start(f"supernode {node}", [
-            bin_dir / "flower-supernode", "--superlink", f"127.0.0.1:{link_port}", "--root-certificates",
-            bundle / "ca.crt", "--auth-supernode-private-key", bundle / "node.key", "--node-config",
-            f"name='{node}' postbox={postbox}", "--host", "127.0.0.1", "--port", runtime, "--isolation", "process"],
-            logs_dir / f"{node}-supernode.log", node_env)
-        wait_port(runtime, supernode, f"node {node}'s SuperNode", logs_dir / f"{node}-supernode.log")
-        fed.start(f"bridge {node}", [bin_dir / "python", "-m", "fedcli.comm.flower.bridge", f"127.0.0.1:{runtime}",
-                                     node, postbox], logs_dir / f"{node}-bridge.log", node_env)
-    fab = tmp / "app"
-    fab.mkdir()
-    (fab / "pyproject.toml").write_text(FAB)
-    fed.flwr(cli, "run", fab, FEDERATION, "--run-config", f"nodes='{','.join(nodes)}' timeout={float(cfg.timeout)}")
-    try:
-        stuck = watch(procs, cfg.timeout + GRACE_S)
-    except BaseException:
-        for proc in procs.values():
-            proc.kill()
-        raise
+    with processes(folder, logs_dir / "flwr.log") as fed:
+        cli = fed.superlink("127.0.0.1", link_port, logs_dir)
+        procs, logs = {}, {}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), TOKEN_ENV: TOKEN}
+        for node in nodes:
+            values = to_json(dataclasses.replace(cfg, launch="none", threads=threads, node=node,
+                                                 bundle=folder / "bundles" / node))
+            config = fed.state / f"{node}.json"
+            config.write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
+            postbox = free_port()
+            log = log_path(exp, node)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "ab") as handle:
+                logs[node] = (log, handle.tell())
+                procs[node] = subprocess.Popen([sys.executable, "-m", module, str(config), *flags], stdout=handle,
+                                               stderr=None if node == nodes[0] else handle,
+                                               env=env | {RELAY_PORT: str(postbox)})
+            fed.hospital(folder / "bundles" / node, node, postbox, logs_dir)
+        fed.relay(cli, nodes, cfg.timeout)
+        try:
+            stuck = watch(procs, cfg.timeout + GRACE_S)
+        except BaseException:
+            for proc in procs.values():
+                proc.kill()
+            raise
     failed = {node: p.returncode for node, p in procs.items() if p.returncode != 0}
     errors = {node: last_error(*logs[node]) for node in failed}
     named = next((e for e in errors.values() if e and e.startswith("lost ")), None)  # as the survivors saw it
     return Ended(failed, errors, named, stuck)
+
+
+@contextlib.contextmanager
+def hospital(cfg):
+    """A node started by hand with its bundle (`federate --engine flower --bundle DIR`): its SuperNode and bridge
+    run beside it while it does; yields `cfg` naming the bundle's node."""
+    bundle = Path(cfg.bundle).resolve()
+    node, _, _ = read_bundle(bundle)
+    if cfg.node is not None and cfg.node != node:
+        raise UserError(f"--node {cfg.node} but the bundle {bundle} is node {node}'s; drop --node or give its bundle")
+    logs_dir = inside(cfg.exp, "logs", "flower")
+    postbox = free_port()
+    with processes(bundle, logs_dir / "flwr.log") as fed:
+        fed.hospital(bundle, node, postbox, logs_dir)
+        os.environ[RELAY_PORT] = str(postbox)
+        try:
+            yield dataclasses.replace(cfg, node=node)
+        finally:
+            os.environ.pop(RELAY_PORT, None)
+            if fed.wait(f"bridge {node}", LAST_WORD_S):  # the relay has this node's end
+                time.sleep(FORWARD_S)
+
+
+def coordinate(folder: Path, port: int | None, timeout: float, poll_s: float = 2.0) -> str:
+    """`fedcli deploy relay`: the coordinator's SuperLink (every interface, the port of the bundles' address) with
+    the allow-list's nodes, and the relay's run until it ends; its final status."""
+    folder = folder.resolve()
+    nodes = list(allow_list(folder / "superlink"))
+    address = json.loads((folder / "bundles" / nodes[0] / "node.json").read_text())["superlink"]
+    port = port or int(address.rsplit(":", 1)[1])
+    logs_dir = folder / "logs"
+    with processes(folder, logs_dir / "flwr.log") as fed:
+        cli = fed.superlink("0.0.0.0", port, logs_dir)
+        run_id = fed.relay(cli, nodes, timeout)
+        while True:
+            status = fed.flwr(cli, "ls", FEDERATION, "--run-id", run_id)["runs"][0]["status"]
+            if status.startswith("finished"):
+                return status
+            if fed.procs["superlink"].poll() is not None:
+                raise UserError(f"the SuperLink stopped (see {logs_dir / 'superlink.log'})")
+            time.sleep(poll_s)

@@ -51,7 +51,7 @@ def joined(cfg, stage: str = ""):
     if cfg.engine == "flower":
         device = "cpu"  # the relay carries bytes; its collectives sum here
         manifest = load_node_manifest(cfg.exp, cfg.node, 0)
-        group = RelayGroup(cfg.timeout, manifest.own, manifest.node_names, relay_bundle(cfg), relay_port())
+        group = RelayGroup(cfg.timeout, manifest.own, manifest.node_names, Path(cfg.bundle), relay_port())
     else:
         group = Group(cfg.timeout, backend, device)
     error = "stopped"
@@ -68,12 +68,6 @@ def joined(cfg, stage: str = ""):
             raise
     finally:
         group.close(error)
-
-
-def relay_bundle(cfg) -> Path:
-    if cfg.bundle is None:
-        raise UserError("--engine flower needs this node's --bundle (made by fedcli deploy), or --launch local")
-    return Path(cfg.bundle)
 
 
 def relay_port() -> int:

@@ -390,7 +390,8 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
 
 
 Device = Literal["auto", "cpu", "cuda"]
-Engine = Literal["inprocess", "distributed", "flower"]
+Engine = Literal["inprocess", "distributed"]
+FederateEngine = Literal["inprocess", "distributed", "flower"]  # train-gan's chain has no Flower engine yet
 Launch = Literal["none", "local"]
 MODELS = ("cnn", "resnet18", "resnet34", "resnet50", "densenet121", "efficientnet_b0")  # models/classifier.py
 ModelName = Literal[(*MODELS, *(p.name for p in plugins.checked("models", MODELS)))]  # a classifier plugin's too

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from fedcli.core import plugins
 from fedcli.core.errors import UserError
-from fedcli.experiment.config import (EXP_HELP, MAX_BATCH, MAX_COUNT, MAX_FOLDS, MAX_SEED, MAX_THREADS, Device, Engine,
+from fedcli.experiment.config import (EXP_HELP, MAX_BATCH, MAX_COUNT, MAX_FOLDS, MAX_SEED, MAX_THREADS, Device, FederateEngine,
                                       Launch, architectures, check_ranges, field_range, option, ranged, to_json)
 from fedcli.experiment.panels import ENGINE, EVALUATION, FEW_LABELS, OUTPUT, TRAINING
 from fedcli.federate.strategies import REGISTRY
@@ -117,7 +117,7 @@ class SharedOptions:
     cv: bool = option(False, panel=EVALUATION, help="Run every fold and report mean and std.")
     seed: int | None = ranged(None, 0, MAX_SEED, panel=OUTPUT, help="Seed \\[default: the partition's].")
     device: Device = option("auto", panel=ENGINE, help="auto (CUDA when present), cpu or cuda.")
-    engine: Engine = option("inprocess", panel=ENGINE, help=(
+    engine: FederateEngine = option("inprocess", panel=ENGINE, help=(
         "inprocess (every node simulated here), distributed (one torch.distributed process per node: gloo on CPU, "
         "nccl on CUDA) or flower (one process per node, its payloads sealed and relayed by a Flower SuperLink: "
         "docs/deploy.md)."))
@@ -173,6 +173,9 @@ class SharedOptions:
                                     "every node and evaluates every model on every test set)")
         if self.bundle is not None and self.engine != "flower":
             raise UserError("--bundle is a Flower node's set-up: it applies to --engine flower")
+        if self.engine == "flower" and self.launch == "none" and self.bundle is None:
+            raise UserError("--engine flower needs this node's --bundle (made by fedcli deploy setup), or --launch "
+                            "local to run every node here")
         if self.node is not None and self.launch == "local":
             raise UserError("--node names the node of a process started by torchrun; --launch local assigns nodes "
                             "itself, so drop --node")

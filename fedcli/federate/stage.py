@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 
+from fedcli.comm import flower_launcher
 from fedcli.core.devices import resolve_device, torch_threads
 from fedcli.data.manifest import Manifest
 from fedcli.data.node_data import NodeImages
@@ -35,7 +36,12 @@ from fedcli.federate.strategy_runs import (StrategyRun, buffer_user, check_outpu
 def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
     """Every strategy (and fold) of `cfg`: simulated here, or one process per node (distributed)."""
     if cfg.engine != "inprocess":
-        return launch.run(cfg) if cfg.launch == "local" else worker.run(cfg)
+        if cfg.launch == "local":
+            return launch.run(cfg)
+        if cfg.engine == "flower":  # a hospital: its SuperNode and bridge beside this node
+            with flower_launcher.hospital(cfg) as own:
+                return worker.run(own)
+        return worker.run(cfg)
     manifest = Manifest.load(cfg.exp)
     runs = planned_runs(cfg, manifest)
     with locked(cfg.exp, run_outputs(cfg, runs), parts=manifest.node_names):

@@ -6,7 +6,7 @@ Flower 1.42 starts a `flwr-clientapp` process per message by default (seconds ea
 the SuperNode's tasks one after another, as `flwr-clientapp` does for one (flwr/supernode/runtime/
 run_clientapp.py). It speaks for the node named by the SuperNode's `--node-config name=...`; its contents are
 sealed envelopes it cannot open. A node that does not answer is reported `absent` (not started yet) or
-`gone` (it answered before).
+`gone` (it answered before). Once the relay acknowledges the node's end, the bridge answers and exits.
 
     python -m fedcli.comm.flower.bridge SUPERNODE_RUNTIME_ADDRESS NODE_NAME POSTBOX_PORT
 """
@@ -70,10 +70,12 @@ class Bridge:
     def __init__(self, node: str, port: int):
         self.node, self.port = node, port
         self.answered = False
+        self.acknowledged = False  # the relay has recorded this node's end
 
     def relay(self, message: Message) -> Message:
         record = message.content["relay"]
         header, blobs = wire.unpack(str(record["header"]).encode(), bytes(record["body"]))
+        self.acknowledged = self.node in header.get("ended", [])
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=60) as connection:
                 wire.send_frame(connection, header, blobs)
@@ -108,6 +110,8 @@ def main(address: str, node: str, port: int) -> None:
             push_task_output(session, context, SubStatus.COMPLETED, "")
         finally:
             session.close()
+        if bridge.acknowledged:
+            return
 
 
 if __name__ == "__main__":

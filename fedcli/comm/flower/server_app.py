@@ -8,7 +8,9 @@ queued, which are routed to their recipients. A SuperNode never finds its queue 
 Flower's idle pause. The relay reads only each envelope's recipient: the contents are sealed for it.
 
 A node whose bridge reports its process gone or failed, or that is silent for the run's timeout, is reported
-gone to the others, who stop naming it; the run ends when every node has ended.
+gone to the others, who stop naming it; the run ends when every node has ended. A node's end, once recorded, is
+acknowledged by one more message (its name among the news's `ended`), so that a hospital keeps its SuperNode until
+the relay has its last reply (fedcli/comm/flower_launcher.py's `hospital`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from fedcli.comm.flower import wire
 DEPTH = 2  # messages queued per SuperNode
 POLL_S = 0.02
 ENDED = ("done", "failed", "gone")
+FINAL = ("done", "failed")  # a node's own word on its end, recorded and acknowledged
+ACK_S = 10.0  # for the acknowledgements' answers before the run ends
 MESSAGE_TYPE = "query.relay"
 BACKOFF_S = (0.01, 0.1)  # retrying a reply's objects still uploading (Flower's default, 1 s doubling, left the
                           # SuperNodes' queues empty while the relay waited, and an empty queue costs a 3 s pause)
@@ -52,6 +56,9 @@ class Mailbox:
                   and now - self.heard[nid] > self.timeout]
         return sorted({*silent, *(n for n, s in self.state.items() if s in ("failed", "gone"))})
 
+    def final(self) -> set[str]:
+        return {name for name, state in self.state.items() if state in FINAL}
+
     def ages(self) -> dict[str, float]:
         now = time.monotonic()
         return {name: round(now - self.heard[nid], 3) for nid, name in self.name_of.items()}
@@ -63,7 +70,7 @@ class Mailbox:
             items, self.pending[name] = self.pending[name], []
             n, self.sent[name] = self.sent[name], self.sent[name] + 1
         header, body = wire.pack({"n": n, "items": [item for item, _ in items], "gone": self.gone(),
-                                  "ages": self.ages()}, [blob for _, blob in items])
+                                  "ages": self.ages(), "ended": sorted(self.final())}, [blob for _, blob in items])
         record = ConfigRecord({"header": header.decode(), "body": body})
         return Message(RecordDict({"relay": record}), dst_node_id=node_id, message_type=MESSAGE_TYPE)
 
@@ -71,7 +78,7 @@ class Mailbox:
         self.heard[node_id] = time.monotonic()
         if reply.has_error():
             name = self.name_of.get(node_id)
-            if name is not None:
+            if name is not None and name not in self.final():
                 self.state[name], self.errors[name] = "failed", reply.error.reason
             return
         record = reply.content["relay"]
@@ -81,7 +88,7 @@ class Mailbox:
             raise RuntimeError(f"a SuperNode speaks for {name!r}, which is not a node of this run")
         if self.name_of.setdefault(node_id, name) != name or list(self.name_of.values()).count(name) > 1:
             raise RuntimeError(f"two SuperNodes speak for node {name}")
-        if header["state"] != "absent":
+        if header["state"] != "absent" and name not in self.final():  # an end is final
             self.state[name] = header["state"]
         if header.get("error"):
             self.errors[name] = header["error"]
@@ -138,17 +145,37 @@ def main(grid: Grid, context: Context) -> None:
     for node_id in node_ids:
         mailbox.heard[node_id] = time.monotonic()
     queued: dict[str, int] = {}  # message id -> SuperNode id
-    while not mailbox.ended():
-        for node_id in node_ids:
-            if mailbox.state.get(mailbox.name_of.get(node_id)) in ("done", "failed", "gone"):
-                continue
-            while sum(1 for nid in queued.values() if nid == node_id) < DEPTH:
-                (message_id,) = grid.push_messages([mailbox.message(node_id)])
-                queued[message_id] = node_id
+    acks: dict[str, str] = {}  # node -> the message acknowledging its end
+
+    def push(node_id: int) -> str:
+        (message_id,) = grid.push_messages([mailbox.message(node_id)])
+        queued[message_id] = node_id
+        return message_id
+
+    def acknowledge() -> None:
+        for node_id, name in mailbox.name_of.items():
+            if name in mailbox.final() and name not in acks:
+                acks[name] = push(node_id)
+
+    def pull() -> None:
         for answered, reply in pull_replies(grid, list(queued)):
             node_id = queued.pop(answered)
             if reply is not None:
                 mailbox.take(node_id, reply)
+
+    while not mailbox.ended():
+        acknowledge()
+        for node_id in node_ids:
+            if mailbox.state.get(mailbox.name_of.get(node_id)) in ENDED:
+                continue
+            while sum(1 for nid in queued.values() if nid == node_id) < DEPTH:
+                push(node_id)
+        pull()
+        time.sleep(POLL_S)
+    acknowledge()
+    deadline = time.monotonic() + ACK_S
+    while set(acks.values()) & set(queued) and time.monotonic() < deadline:
+        pull()
         time.sleep(POLL_S)
     failed = {node: mailbox.errors.get(node, mailbox.state.get(node, "silent")) for node in mailbox.gone()}
     if failed:
