@@ -423,7 +423,8 @@ def deploy_relay(
     federation) and one relay run for every listed node, until it ends. The relay cannot read what it carries."""
     from fedcli.comm.flower_launcher import coordinate
 
-    console.out.print(f"relay run ended: {coordinate(folder, port, timeout)}", markup=False)
+    coordinate(folder, port, timeout)
+    console.out.print("relay run completed: every node has ended", markup=False)
 
 
 @app.command("plugins", epilog="Example: fedcli plugins")

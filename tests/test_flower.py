@@ -5,6 +5,7 @@ Flower lives in an environment of its own (`FEDCLI_FLOWER_BIN`; `make test` make
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,11 +18,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from conftest import copy_exp
 from fedcli.comm.bundles import make_federation
 from fedcli.comm.flower import wire
+from fedcli.comm.launcher import free_port
 from fedcli.comm.sealing import SealError, Sealer, public_line
 from fedcli.experiment.artifacts import load_tensors
 
@@ -104,6 +107,32 @@ def test_wire_frames_carry_blobs_exactly_and_refuse_a_short_body():
         wire.unpack(header, body[:-1])
 
 
+TWO_ANSWERS = """
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+from fedcli.comm.flower import wire
+from fedcli.comm.flower.server_app import Mailbox
+
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+box = Mailbox(["a", "b"], 60.0)
+for m, blob in ((1, b"second"), (0, b"first")):  # pulled together, in the other order
+    head, body = wire.pack({"node": "b", "state": "running", "error": None, "m": m,
+                            "items": [{"to": "a", "kind": "x"}]}, [blob])
+    relay = RecordDict({"relay": ConfigRecord({"header": head.decode(), "body": body})})
+    box.take(7, Message(relay, dst_node_id=1, message_type="query.relay"))
+    print(*[blob.decode() for _, blob in box.pending["a"]])
+"""
+
+
+@needs_flower
+def test_the_relay_passes_on_a_nodes_envelopes_in_the_order_it_sent_them():
+    """Two answers of one node can reach the relay in one pull, in either order (this lost a run to a refused
+    sequence number before answers were numbered)."""
+    done = subprocess.run([str(Path(os.environ["FEDCLI_FLOWER_BIN"]) / "python"), "-c", TWO_ANSWERS],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert done.stdout.splitlines() == ["", "first second"], done.stdout + done.stderr
+
+
 def test_the_federation_keeps_its_allow_list_and_bundles_hold_only_their_own_key(tmp_path):
     make_federation(tmp_path, list(NODES), "127.0.0.1:9000")
     listed = json.loads((tmp_path / "superlink" / "allowlist.json").read_text())
@@ -122,13 +151,78 @@ def models(exp, name):
     return {p.stem: load_tensors(p, "model") for p in sorted((exp / "federate" / name / "models").glob("*"))}
 
 
+def descendants(pid: int) -> dict[int, bytes]:
+    """pid -> command line of every process below `pid`."""
+    parents, commands = {}, {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes()
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found, frontier = found + children, children
+    return {child: commands[child] for child in found}
+
+
+def memory(pid: int) -> bytes:
+    """Every readable region of process `pid`'s memory, joined."""
+    regions = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            span, permissions = line.split()[:2]
+            start, end = (int(x, 16) for x in span.split("-"))
+            if permissions.startswith("r"):
+                with contextlib.suppress(OSError, ValueError, OverflowError):
+                    mem.seek(start)
+                    regions.append(mem.read(end - start))
+    return b"".join(regions)
+
+
+def secrets(path: Path) -> list[bytes]:
+    """A private key as it could sit in memory: its file, and its scalar in either byte order."""
+    data = path.read_bytes()
+    key = (serialization.load_ssh_private_key(data, None) if data.startswith(b"-----BEGIN OPENSSH")
+           else serialization.load_pem_private_key(data, None))
+    scalar = key.private_numbers().private_value.to_bytes(48, "big")
+    return [data.strip(), scalar, scalar[::-1]]
+
+
 @needs_flower
-def test_fedavg_and_feder_over_flower_equal_the_in_process_engine(cli, gan3_exp, tmp_path):
+def test_three_hospitals_and_a_relay_set_up_by_fedcli_deploy_equal_the_in_process_engine(cli, gan3_exp, tmp_path):
+    """The walk-through of docs/deploy.md on one machine: the coordinator's `deploy setup` and `deploy relay`,
+    three hospitals each running `federate --engine flower --bundle` with its own bundle."""
     strategies = ["--strategy", "fedavg", "--strategy", "feder"]
     reference = copy_exp(gan3_exp, tmp_path / "reference")
     cli.ok("federate", "--exp", reference, *strategies, *RUN)
-    exp = copy_exp(gan3_exp, tmp_path / "flower")
-    cli.ok("federate", "--exp", exp, *strategies, *RUN, *FLOWER, "--cross-eval", "--timeout", "120")
+    exp, folder, address = copy_exp(gan3_exp, tmp_path / "flower"), tmp_path / "federation", f"127.0.0.1:{free_port()}"
+    cli.ok("deploy", "setup", folder, "--superlink", address, *(f"--node=node{k}" for k in range(3)))
+    relay = subprocess.Popen([sys.executable, "-m", "fedcli", "deploy", "relay", str(folder), "--timeout", "120"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hospitals = [subprocess.Popen([sys.executable, "-m", "fedcli", "federate", "--exp", str(exp), *strategies, *RUN,
+                                   "--cross-eval", "--timeout", "120", "--engine", "flower", "--bundle",
+                                   str(folder / "bundles" / f"node{k}")], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for k in range(3)]
+    deadline = time.monotonic() + 400
+    while not (exp / "federate" / ".feder.checkpoint" / "node0" / "round-1.json").is_file():  # keys long exchanged
+        assert relay.poll() is None and time.monotonic() < deadline, relay.communicate()
+        time.sleep(0.05)
+    coordinator = [memory(pid) for pid, command in descendants(relay.pid).items()  # the SuperLink, its ServerApp
+                   if b"flower-superlink" in command or b"flwr-serverapp" in command]
+    assert len(coordinator) == 2
+    assert any(secrets(folder / "superlink" / "superlink.key")[0] in m for m in coordinator)  # the scan finds a key
+    node_keys = [s for k in range(3) for s in secrets(folder / "bundles" / f"node{k}" / "node.key")]
+    assert not any(key in m for key in node_keys for m in coordinator)
+    make_federation(tmp_path / "rogue", ["node1"], address)  # a node1 whose key the coordinator never listed
+    line = cli.user_error("federate", "--exp", copy_exp(gan3_exp, tmp_path / "rogue-exp"), "--strategy", "fedavg", *RUN,
+                          "--engine", "flower", "--bundle", tmp_path / "rogue" / "bundles" / "node1", "--timeout", "5")
+    assert line.startswith(f"error: node node1 was not admitted by the SuperLink at {address} within 5 s"), line
+    assert b"No SuperNode found with the given public key" in (folder / "logs" / "superlink.log").read_bytes()
+    for hospital in hospitals:
+        output, _ = hospital.communicate(timeout=400)
+        assert hospital.returncode == 0, output
+    out, err = relay.communicate(timeout=120)
+    assert relay.returncode == 0 and out.strip() == "relay run completed: every node has ended", out + err
     for name in ("fedavg", "feder"):
         assert (exp / "federate" / name / "metrics.csv").read_bytes() == \
             (reference / "federate" / name / "metrics.csv").read_bytes(), name
@@ -139,11 +233,41 @@ def test_fedavg_and_feder_over_flower_equal_the_in_process_engine(cli, gan3_exp,
         expected, got = models(reference, name), models(exp, name)
         assert got.keys() == expected.keys()
         assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key]), name
-    link = exp / "flower" / "superlink"  # what the coordinator's SuperLink holds: its own TLS key, public keys
+    link = folder / "superlink"  # what the coordinator's SuperLink reads: its own TLS key, public keys
     assert sorted(p.name for p in link.iterdir()) == ["allowlist.json", "ca.crt", "superlink.crt", "superlink.key"]
-    node_keys = [(exp / "flower" / "bundles" / node / "node.key").read_bytes() for node in ("node0", "node1", "node2")]
-    for path in (exp / "logs" / "flower").iterdir():
+    for path in [*(folder / "logs").iterdir(), *(exp / "logs" / "flower").iterdir()]:
         assert not any(key in path.read_bytes() for key in node_keys), path
+
+
+def test_deploy_setup_refuses_a_bad_address_or_node_name_and_writes_nothing(cli, tmp_path):
+    folder = tmp_path / "federation"
+    assert "is not host:port" in cli.user_error("deploy", "setup", folder, "--superlink", "hub", "--node", "a")
+    assert "--node" in cli.user_error("deploy", "setup", folder, "--superlink", "hub:9092", "--node", "a/b")
+    assert not folder.exists()
+    assert "is not a fedcli allow-list" in cli.user_error("deploy", "relay", folder)
+
+
+def test_deploy_setup_makes_one_bundle_per_hospital_and_a_node_keeps_its_key(cli, tmp_path):
+    folder = tmp_path / "federation"
+    out = cli.ok("deploy", "setup", folder, "--superlink", "hub.example.org:9092", "--node", "a", "--node", "b").output
+    assert f"a: copy {folder / 'bundles' / 'a'}" in out and f"fedcli deploy relay {folder}" in out
+    key = (folder / "bundles" / "a" / "node.key").read_bytes()
+    assert (folder / "bundles" / "a" / "node.key").stat().st_mode & 0o077 == 0
+    assert json.loads((folder / "bundles" / "b" / "node.json").read_text()) == {"node": "b",
+                                                                                "superlink": "hub.example.org:9092"}
+    cli.ok("deploy", "setup", folder, "--superlink", "hub.example.org:9092", "--node", "a", "--node", "c")
+    assert (folder / "bundles" / "a" / "node.key").read_bytes() == key
+    assert list(json.loads((folder / "superlink" / "allowlist.json").read_text())) == ["a", "b", "c"]
+
+
+def test_a_flower_node_needs_its_bundle_and_a_bundle_names_its_node(cli, gan3_exp, tmp_path):
+    exp = copy_exp(gan3_exp, tmp_path)
+    line = cli.user_error("federate", "--exp", exp, "--strategy", "fedavg", "--engine", "flower")
+    assert "--engine flower needs this node's --bundle" in line
+    make_federation(tmp_path / "federation", ["node0"], "127.0.0.1:9000")
+    line = cli.user_error("federate", "--exp", exp, "--strategy", "fedavg", "--engine", "flower", "--node", "node1",
+                          "--bundle", tmp_path / "federation" / "bundles" / "node0")
+    assert "--node node1 but the bundle" in line and "is node node0's" in line
 
 
 @needs_flower

@@ -38,6 +38,8 @@ from fedcli.experiment.paths import inside
 FLOWER = "flwr>=1.42,<1.43"
 FEDERATION = "fedcli"
 START_S = 60.0  # for a Flower process to open its port
+RETRY_S = 2.0  # before a refused SuperNode tries again
+ADMITTED = b"SuperNode ID: "  # what flower-supernode logs once the SuperLink has activated it (flwr 1.42)
 LAST_WORD_S = 30.0  # for the relay to acknowledge a hospital's end before its SuperNode stops
 FORWARD_S = 1.0  # for a SuperNode to forward its bridge's last answer
 FAB = """[build-system]
@@ -112,6 +114,23 @@ def check_bundles(folder: Path, nodes: list[str]) -> None:
                             "refused (use the key of its bundle, or have the coordinator list this one)")
 
 
+def admitted(supernode: subprocess.Popen, log: Path, offset: int, deadline: float) -> bool:
+    """Whether the SuperLink activated `supernode` (it logs its node id then) before it exited or `deadline`; one
+    not admitted by then is stopped."""
+    while time.monotonic() < deadline:
+        with open(log, "rb") as handle:
+            handle.seek(offset)
+            if ADMITTED in handle.read():
+                return True
+        if supernode.poll() is not None:
+            return False
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(supernode.pid, signal.SIGKILL)
+    supernode.wait()
+    return False
+
+
 @dataclasses.dataclass
 class Federation:
     """The processes of one local Flower federation, stopped together."""
@@ -172,17 +191,28 @@ class Federation:
                             f"nodes='{','.join(nodes)}' timeout={float(timeout)}")
         return str(started["run-id"])
 
-    def hospital(self, bundle: Path, node: str, postbox: int, logs_dir: Path) -> None:
-        """Start `node`'s SuperNode, connecting out to the bundle's SuperLink, and its bridge to the postbox."""
-        runtime = free_port()
+    def hospital(self, bundle: Path, node: str, postbox: int, logs_dir: Path, patience: float) -> None:
+        """Start `node`'s SuperNode, connecting out to the bundle's SuperLink, until the SuperLink admits it (a
+        SuperNode that comes before its key is listed there is refused and exits: it is started again, for up to
+        `patience` seconds); then its bridge to the postbox."""
         address = json.loads((bundle / "node.json").read_text())["superlink"]
-        env = flower_env(self.bin_dir, self.state / node)
-        supernode = self.start(f"supernode {node}", [
-            self.bin_dir / "flower-supernode", "--superlink", address, "--root-certificates", bundle / "ca.crt",
-            "--auth-supernode-private-key", bundle / "node.key", "--node-config", f"name='{node}' postbox={postbox}",
-            "--host", "127.0.0.1", "--port", runtime, "--isolation", "process"],
-            logs_dir / f"{node}-supernode.log", env)
-        wait_port(runtime, supernode, f"node {node}'s SuperNode", logs_dir / f"{node}-supernode.log")
+        env, log = flower_env(self.bin_dir, self.state / node), logs_dir / f"{node}-supernode.log"
+        deadline = time.monotonic() + patience
+        while True:
+            runtime = free_port()
+            offset = log.stat().st_size if log.is_file() else 0
+            supernode = self.start(f"supernode {node}", [
+                self.bin_dir / "flower-supernode", "--superlink", address, "--root-certificates", bundle / "ca.crt",
+                "--auth-supernode-private-key", bundle / "node.key", "--node-config", f"name='{node}' postbox={postbox}",
+                "--host", "127.0.0.1", "--port", runtime, "--isolation", "process"], log, env)
+            if admitted(supernode, log, offset, deadline):
+                break
+            if time.monotonic() > deadline:
+                raise UserError(f"node {node} was not admitted by the SuperLink at {address} within {patience:g} s: is "
+                                "the coordinator's relay (fedcli deploy relay) running, and does its allow-list hold "
+                                f"this bundle's key? (see {log})")
+            time.sleep(RETRY_S)
+        wait_port(runtime, supernode, f"node {node}'s SuperNode", log)
         self.start(f"bridge {node}", [self.bin_dir / "python", "-m", "fedcli.comm.flower.bridge",
                                       f"127.0.0.1:{runtime}", node, postbox], logs_dir / f"{node}-bridge.log", env)
 
@@ -248,7 +278,7 @@ def spawn(cfg, nodes: list[str], module: str) -> Ended:
                 procs[node] = subprocess.Popen([sys.executable, "-m", module, str(config), *flags], stdout=handle,
                                                stderr=None if node == nodes[0] else handle,
                                                env=env | {RELAY_PORT: str(postbox)})
-            fed.hospital(folder / "bundles" / node, node, postbox, logs_dir)
+            fed.hospital(folder / "bundles" / node, node, postbox, logs_dir, cfg.timeout)
         fed.relay(cli, nodes, cfg.timeout)
         try:
             stuck = watch(procs, cfg.timeout + GRACE_S)
@@ -273,7 +303,7 @@ def hospital(cfg):
     logs_dir = inside(cfg.exp, "logs", "flower")
     postbox = free_port()
     with processes(bundle, logs_dir / "flwr.log") as fed:
-        fed.hospital(bundle, node, postbox, logs_dir)
+        fed.hospital(bundle, node, postbox, logs_dir, cfg.timeout)
         os.environ[RELAY_PORT] = str(postbox)
         try:
             yield dataclasses.replace(cfg, node=node)
@@ -283,9 +313,10 @@ def hospital(cfg):
                 time.sleep(FORWARD_S)
 
 
-def coordinate(folder: Path, port: int | None, timeout: float, poll_s: float = 2.0) -> str:
+def coordinate(folder: Path, port: int | None, timeout: float, poll_s: float = 2.0) -> None:
     """`fedcli deploy relay`: the coordinator's SuperLink (every interface, the port of the bundles' address) with
-    the allow-list's nodes, and the relay's run until it ends; its final status."""
+    the allow-list's nodes, and the relay's run until it ends; a run that did not complete is a user error
+    naming why."""
     folder = folder.resolve()
     nodes = list(allow_list(folder / "superlink"))
     address = json.loads((folder / "bundles" / nodes[0] / "node.json").read_text())["superlink"]
@@ -295,9 +326,12 @@ def coordinate(folder: Path, port: int | None, timeout: float, poll_s: float = 2
         cli = fed.superlink("0.0.0.0", port, logs_dir)
         run_id = fed.relay(cli, nodes, timeout)
         while True:
-            status = fed.flwr(cli, "ls", FEDERATION, "--run-id", run_id)["runs"][0]["status"]
-            if status.startswith("finished"):
-                return status
+            run = fed.flwr(cli, "ls", FEDERATION, "--run-id", run_id)["runs"][0]
+            if run["status"] == "finished:completed":
+                return
+            if run["status"].startswith("finished"):
+                raise UserError(f"the relay run ended {run['status']}: {' '.join(run['status-details'].split())} (see "
+                                f"{logs_dir})")
             if fed.procs["superlink"].poll() is not None:
                 raise UserError(f"the SuperLink stopped (see {logs_dir / 'superlink.log'})")
             time.sleep(poll_s)

@@ -81,6 +81,7 @@ class RelayGroup:
         self._heard = time.monotonic()  # the bridge's last message
         self._waiting = False
         self._told = False  # whether the bridge has taken this node's final state
+        self._answers = 0
         self._listener = socket.create_server(("127.0.0.1", port))
         self._serving = threading.Thread(target=self._serve, daemon=True)
         self._serving.start()
@@ -119,8 +120,9 @@ class RelayGroup:
             outbox, self._outbox = self._outbox, []
             state, error = self._state, self._error
         wire.send_frame(connection, {"items": [{"to": to, "kind": kind} for to, kind, _ in outbox], "state": state,
-                                     "error": error}, [blob for _, _, blob in outbox])
+                                     "error": error, "m": self._answers}, [blob for _, _, blob in outbox])
         with self._changed:
+            self._answers += 1  # numbered: the relay may pull two answers at once, in either order
             self._told = state != "running"
             self._changed.notify_all()
 

@@ -48,6 +48,8 @@ class Mailbox:
         self.errors: dict[str, str] = {}
         self.heard: dict[int, float] = {}
         self.sent: dict[str, int] = {node: 0 for node in nodes}  # deliveries numbered per node
+        self.answers: dict[str, int] = {node: 0 for node in nodes}  # the next answer each node numbers
+        self.held: dict[str, dict[int, tuple[dict, list[bytes]]]] = {node: {} for node in nodes}
         self.started = time.monotonic()
 
     def gone(self) -> list[str]:
@@ -88,6 +90,15 @@ class Mailbox:
             raise RuntimeError(f"a SuperNode speaks for {name!r}, which is not a node of this run")
         if self.name_of.setdefault(node_id, name) != name or list(self.name_of.values()).count(name) > 1:
             raise RuntimeError(f"two SuperNodes speak for node {name}")
+        if "m" not in header:  # the bridge's own word (its node did not answer): no envelopes
+            self.record(name, header, blobs)
+            return
+        self.held[name][int(header["m"])] = (header, blobs)  # a node's answers are taken in the order it gave them
+        while self.answers[name] in self.held[name]:
+            self.record(name, *self.held[name].pop(self.answers[name]))
+            self.answers[name] += 1
+
+    def record(self, name: str, header: dict, blobs: list[bytes]) -> None:
         if header["state"] != "absent" and name not in self.final():  # an end is final
             self.state[name] = header["state"]
         if header.get("error"):
@@ -104,9 +115,8 @@ class Mailbox:
         return all(self.state.get(node) in ENDED or node in gone for node in self.nodes)
 
 
-def pull_replies(grid: Grid, message_ids: list[str]) -> list[tuple[str, Message | None]]:
-    """(the message each answers, the reply or None where its objects never came) for the replies that have
-    arrived: `grid.pull_messages` (flwr/superlink/grid/http_grid.py), its objects retried at `BACKOFF_S`."""
+def pull_replies(grid: Grid, message_ids: list[str]) -> list[tuple[str, Message]]:
+    """(the message each answers, the reply) for the replies that have arrived, in no particular order: `grid.pull_messages` (flwr/superlink/grid/http_grid.py), its objects retried at `BACKOFF_S`."""
     client, node, run_id = grid._runtime_client, grid.node, grid._run.run_id  # pylint: disable=W0212
     answer = client.PullMessages(PullAppMessagesRequest(message_ids=message_ids))
     replies = []
@@ -116,9 +126,8 @@ def pull_replies(grid: Grid, message_ids: list[str]) -> list[tuple[str, Message 
             contents = pull_objects([t.object_id for t in iterate_object_tree(tree)],
                                     make_pull_object_fn_protobuf(client.PullObject, node, run_id),
                                     initial_backoff=BACKOFF_S[0], backoff_cap=BACKOFF_S[1])
-        except ObjectPullError:
-            replies.append((proto.metadata.reply_to_message_id, None))
-            continue
+        except ObjectPullError as exc:  # its envelopes are lost: going on would deliver the rest out of order
+            raise RuntimeError(f"a SuperNode's answer did not arrive whole ({exc}); the relay stops") from exc
         client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(node=node, run_id=run_id,
                                                                     message_object_id=message_id))
         reply = inflate_object_from_contents(message_id, contents)
@@ -159,9 +168,7 @@ def main(grid: Grid, context: Context) -> None:
 
     def pull() -> None:
         for answered, reply in pull_replies(grid, list(queued)):
-            node_id = queued.pop(answered)
-            if reply is not None:
-                mailbox.take(node_id, reply)
+            mailbox.take(queued.pop(answered), reply)
 
     while not mailbox.ended():
         acknowledge()
