@@ -394,7 +394,8 @@ def deploy_setup(
     folder: Path = typer.Argument(..., help="Where the federation's keys and bundles are kept (the coordinator's)."),
     superlink: str = typer.Option(..., help="host:port the hospitals connect out to (the SuperLink's certificate "
                                             "names this host)."),
-    node: list[str] = typer.Option(..., help="A hospital's node name, as the partition names it (repeat)."),
+    hospitals: list[str] = typer.Option(..., "--node", help="A hospital's node name, as the partition names it "
+                                                         "(repeat)."),
 ) -> None:
     """Make the certificate authority, the SuperLink's certificate, each node's key and the allow-list, and one
     bundle per hospital; keys already made are kept (a listed node keeps its key)."""
@@ -404,8 +405,8 @@ def deploy_setup(
     host, _, port = superlink.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UserError(f"--superlink {superlink} is not host:port (e.g. hub.example.org:9092)")
-    make_federation(folder, check_names("node", node, "--node"), superlink)
-    for name in node:
+    make_federation(folder, check_names("node", hospitals, "--node"), superlink)
+    for name in hospitals:
         console.out.print(f"{name}: copy {folder / 'bundles' / name} to its machine, then run fedcli federate "
                           f"--engine flower --bundle <that folder> (its key stays there)", markup=False, soft_wrap=True)
     console.out.print(f"coordinator: fedcli deploy relay {folder} (keep {folder / 'ca'} off the SuperLink's machine "
@@ -417,13 +418,14 @@ def deploy_relay(
     folder: Path = typer.Argument(..., help="The folder fedcli deploy setup made."),
     port: Optional[int] = typer.Option(None, min=1, max=65535, help="Port to listen on \\[default: the bundles' "
                                                                      "address]."),
-    timeout: float = typer.Option(300.0, min=1, help="Seconds a node may stay silent before the others stop."),
+    silence: float = typer.Option(300.0, "--timeout", min=1, help="Seconds a node may stay silent before the "
+                                                                  "others stop."),
 ) -> None:
     """Run the coordinator's SuperLink (TLS, node authentication by the allow-list; the only inbound port of the
     federation) and one relay run for every listed node, until it ends. The relay cannot read what it carries."""
     from fedcli.comm.flower_launcher import coordinate
 
-    coordinate(folder, port, timeout)
+    coordinate(folder, port, silence)
     console.out.print("relay run completed: every node has ended", markup=False)
 
 

@@ -197,11 +197,15 @@ def test_three_hospitals_and_a_relay_set_up_by_fedcli_deploy_equal_the_in_proces
     cli.ok("federate", "--exp", reference, *strategies, *RUN)
     exp, folder, address = copy_exp(gan3_exp, tmp_path / "flower"), tmp_path / "federation", f"127.0.0.1:{free_port()}"
     cli.ok("deploy", "setup", folder, "--superlink", address, *(f"--node=node{k}" for k in range(3)))
+    bundles = []  # copied to the hospitals, and the authority kept elsewhere: the relay reads superlink/ only
+    for k in range(3):
+        bundles.append(Path(shutil.move(folder / "bundles" / f"node{k}", tmp_path / f"hospital{k}")))
+    shutil.move(folder / "ca", tmp_path / "authority")
     relay = subprocess.Popen([sys.executable, "-m", "fedcli", "deploy", "relay", str(folder), "--timeout", "120"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     hospitals = [subprocess.Popen([sys.executable, "-m", "fedcli", "federate", "--exp", str(exp), *strategies, *RUN,
                                    "--cross-eval", "--timeout", "120", "--engine", "flower", "--bundle",
-                                   str(folder / "bundles" / f"node{k}")], stdout=subprocess.PIPE,
+                                   str(bundles[k])], stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True) for k in range(3)]
     deadline = time.monotonic() + 400
     while not (exp / "federate" / ".feder.checkpoint" / "node0" / "round-1.json").is_file():  # keys long exchanged
@@ -211,7 +215,7 @@ def test_three_hospitals_and_a_relay_set_up_by_fedcli_deploy_equal_the_in_proces
                    if b"flower-superlink" in command or b"flwr-serverapp" in command]
     assert len(coordinator) == 2
     assert any(secrets(folder / "superlink" / "superlink.key")[0] in m for m in coordinator)  # the scan finds a key
-    node_keys = [s for k in range(3) for s in secrets(folder / "bundles" / f"node{k}" / "node.key")]
+    node_keys = [s for bundle in bundles for s in secrets(bundle / "node.key")]
     assert not any(key in m for key in node_keys for m in coordinator)
     make_federation(tmp_path / "rogue", ["node1"], address)  # a node1 whose key the coordinator never listed
     line = cli.user_error("federate", "--exp", copy_exp(gan3_exp, tmp_path / "rogue-exp"), "--strategy", "fedavg", *RUN,
@@ -228,13 +232,18 @@ def test_three_hospitals_and_a_relay_set_up_by_fedcli_deploy_equal_the_in_proces
             (reference / "federate" / name / "metrics.csv").read_bytes(), name
         comm = pd.read_csv(exp / "federate" / name / "comm.csv")
         training = comm[comm.kind != "eval"].reset_index(drop=True)
-        assert training.to_dict("records") == pd.read_csv(reference / "federate" / name / "comm.csv").to_dict(
-            "records"), name
+        assert training.drop(columns="sealed_bytes").to_dict("records") == pd.read_csv(
+            reference / "federate" / name / "comm.csv").to_dict("records"), name
+        point = comm[comm.receiver != "all"]  # a payload in one envelope: the payload, its header and tag
+        assert ((point.sealed_bytes - point.bytes).between(60, 120)).all(), name
+        reduced = comm[comm.receiver == "all"]  # relayed: every contribution (and its exponents) to each other node
+        assert (reduced.sealed_bytes > reduced.bytes).all(), name
         expected, got = models(reference, name), models(exp, name)
         assert got.keys() == expected.keys()
         assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key]), name
     link = folder / "superlink"  # what the coordinator's SuperLink reads: its own TLS key, public keys
-    assert sorted(p.name for p in link.iterdir()) == ["allowlist.json", "ca.crt", "superlink.crt", "superlink.key"]
+    assert sorted(p.name for p in link.iterdir()) == ["allowlist.json", "ca.crt", "superlink.crt", "superlink.json",
+                                                  "superlink.key"]
     for path in [*(folder / "logs").iterdir(), *(exp / "logs" / "flower").iterdir()]:
         assert not any(key in path.read_bytes() for key in node_keys), path
 
@@ -323,7 +332,7 @@ def test_a_node_killed_after_round_1_stops_the_run_naming_it_and_resume_gives_th
     assert (exp / "federate" / "feder" / "metrics.csv").read_bytes() == \
         (reference / "federate" / "feder" / "metrics.csv").read_bytes()
     comm = pd.read_csv(exp / "federate" / "feder" / "comm.csv")
-    assert comm[comm.kind != "eval"].reset_index(drop=True).equals(pd.read_csv(reference / "federate" / "feder" /
-                                                                               "comm.csv"))
+    assert comm[comm.kind != "eval"].drop(columns="sealed_bytes").reset_index(drop=True).equals(
+        pd.read_csv(reference / "federate" / "feder" / "comm.csv"))
     expected, got = models(reference, "feder"), models(exp, "feder")
     assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key])

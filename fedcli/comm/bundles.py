@@ -4,7 +4,7 @@ pair (ECDSA P-384, OpenSSH, as Flower's SuperNode takes it), the allow-list of t
 bundle per hospital: its key, the allow-list, the CA certificate and the SuperLink's address.
 
     <folder>/ca/ca.key, ca.crt            the authority (keep its key off the SuperLink)
-    <folder>/superlink/superlink.key, .crt, ca.crt, allowlist.json
+    <folder>/superlink/superlink.key, .crt, ca.crt, allowlist.json, superlink.json (the address)
     <folder>/bundles/<node>/node.key, node.pub, node.json, allowlist.json, ca.crt
 """
 
@@ -106,6 +106,7 @@ def make_federation(folder: Path, nodes: list[str], address: str) -> None:
         allowed[node] = public_line(key)
     listing = json.dumps(allowed, indent=1) + "\n"
     (link / "allowlist.json").write_text(listing)
+    (link / "superlink.json").write_text(json.dumps({"superlink": address}, indent=1) + "\n")
     for node in nodes:
         bundle = folder / "bundles" / node
         (bundle / "allowlist.json").write_text(listing)

@@ -8,11 +8,13 @@ broadcast to be tested everywhere (`publish`); small JSON records (sizes, checkp
 metrics rows) are all-gathered.
 
 Bytes in `comm.csv`: point-to-point and eval rows are the payloads' lengths; an all-reduce row is
-`transport.all_reduce_bytes`, as the in-process engine records it.
+`transport.all_reduce_bytes`, as the in-process engine records it. Over a relay (`--engine flower`) each row
+also has `sealed_bytes`: what its sealed envelopes put on the relay (`RelayGroup.sealed`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -38,10 +40,18 @@ class TorchTransport(Transport):
     def _where(self, round_: int, detail: str) -> str:
         return f"round {round_} of {self.strategy} ({detail})"
 
+    def _sealed(self) -> Counter | None:
+        """The bytes sealed for each receiver so far, where the group is a relay's."""
+        return None if self.group.sealed is None else Counter(self.group.sealed)
+
+    def _since(self, before: Counter | None, receivers: list[str]) -> int | None:
+        return None if before is None else sum(self.group.sealed[r] - before[r] for r in receivers)
+
     def send(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes) -> None:
-        self.record(round_, sender, receiver, kind, len(payload))
+        before = self._sealed()
         with self.group.step(self._where(round_, f"sending the {kind} to {receiver}"), self.rank_of[receiver]):
             self._pending += self.group.send_bytes(self.rank_of[receiver], self.tags[kind], payload)
+        self.record(round_, sender, receiver, kind, len(payload), self._since(before, [receiver]))
 
     def send_whenever(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes) -> None:
         self.send(round_, sender, receiver, kind, payload)
@@ -73,32 +83,36 @@ class TorchTransport(Transport):
         (node, state), = states.items()
         check_finite(node, state, round_)
         names, total_weight = list(state), sum(weights.values())
-        where = self._where(round_, "all-reduce of the shared parameters")
+        where, before = self._where(round_, "all-reduce of the shared parameters"), self._sealed()
         with self.group.step(where):
             exponents = self.group.all_reduce(scale_exponents(state, names), dist.ReduceOp.MAX)
         bits = precision_bits(total_weight)
         vector = fixed_point(state, names, weights[node], exponents, bits)
-        self.record(round_, node, EVERYONE, "all-reduce", all_reduce_bytes(state, self.group.world))
         with self.group.step(where):
             total = self.group.all_reduce(vector)
+        self.record(round_, node, EVERYONE, "all-reduce", all_reduce_bytes(state, self.group.world),
+                    self._since(before, [other for other in self.group.names if other != node]))
         return from_fixed_point(total, state, exponents, bits, total_weight)
 
     def share(self, round_: int, payloads: dict[str, bytes]) -> dict[str, bytes]:
         (node, payload), = payloads.items()
-        for other in self.group.names:
-            if other != node:
-                self.record(round_, node, other, "eval", len(payload))
+        before = self._sealed()
         with self.group.step(self._where(round_, "cross-evaluation: all-gather of the models")):
             blobs = self.group.all_gather_bytes(payload)
+        for other in self.group.names:
+            if other != node:
+                self.record(round_, node, other, "eval", len(payload), self._since(before, [other]))
         return dict(zip(self.group.names, blobs))
 
     def publish(self, round_: int, holder: str, payload: bytes | None) -> bytes:
+        before = self._sealed()
+        with self.group.step(self._where(round_, f"broadcasting {holder}'s model to test it everywhere")):
+            received = self.group.broadcast_bytes(self.rank_of[holder], payload)
         if payload is not None:
             for other in self.group.names:
                 if other != holder:
-                    self.record(round_, holder, other, "eval", len(payload))
-        with self.group.step(self._where(round_, f"broadcasting {holder}'s model to test it everywhere")):
-            return self.group.broadcast_bytes(self.rank_of[holder], payload)
+                    self.record(round_, holder, other, "eval", len(payload), self._since(before, [other]))
+        return received
 
     def gather(self, record, what: str) -> list:
         return self.group.exchange(f"{self.strategy}: {what}", record)

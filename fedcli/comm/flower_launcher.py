@@ -319,7 +319,7 @@ def coordinate(folder: Path, port: int | None, timeout: float, poll_s: float = 2
     naming why."""
     folder = folder.resolve()
     nodes = list(allow_list(folder / "superlink"))
-    address = json.loads((folder / "bundles" / nodes[0] / "node.json").read_text())["superlink"]
+    address = json.loads((folder / "superlink" / "superlink.json").read_text())["superlink"]  # checked with the list
     port = port or int(address.rsplit(":", 1)[1])
     logs_dir = folder / "logs"
     with processes(folder, logs_dir / "flwr.log") as fed:

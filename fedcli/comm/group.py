@@ -57,6 +57,8 @@ def parse_verdict(stored: bytes) -> tuple[str, int]:
 
 
 class Group:
+    sealed = None  # bytes sealed per receiver: a relay's only (RelayGroup)
+
     def __init__(self, timeout: float, backend: str, device: str):
         missing = [name for name in ENV if name not in os.environ]
         if missing:

@@ -82,6 +82,7 @@ class RelayGroup:
         self._waiting = False
         self._told = False  # whether the bridge has taken this node's final state
         self._answers = 0
+        self.sealed: collections.Counter = collections.Counter()  # bytes of the envelopes sealed per receiver
         self._listener = socket.create_server(("127.0.0.1", port))
         self._serving = threading.Thread(target=self._serve, daemon=True)
         self._serving.start()
@@ -188,7 +189,9 @@ class RelayGroup:
 
     def _send(self, receiver: str, channel: str, payload: bytes) -> None:
         name = channel.encode()
-        self._queue(receiver, SEALED, self.sealer.seal(receiver, struct.pack(">H", len(name)) + name + payload))
+        envelope = self.sealer.seal(receiver, struct.pack(">H", len(name)) + name + payload)
+        self.sealed[receiver] += len(envelope)
+        self._queue(receiver, SEALED, envelope)
 
     # --- the Group interface ----------------------------------------------------------------------------
     def assign(self, names: list[str]) -> None:

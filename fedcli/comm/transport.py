@@ -31,6 +31,7 @@ class Transfer:
     receiver: str
     kind: str
     bytes: int
+    sealed_bytes: int | None = None  # what its sealed envelopes put on a relay (--engine flower), beside `bytes`
 
 
 class Transport(abc.ABC):
@@ -40,12 +41,12 @@ class Transport(abc.ABC):
         self.kinds = tuple(kinds)
         self.transfers: list[Transfer] = []
 
-    def record(self, round_: int, sender: str, receiver: str, kind: str, size: int) -> None:
+    def record(self, round_: int, sender: str, receiver: str, kind: str, size: int, sealed: int | None = None) -> None:
         if kind not in self.kinds:
             raise ValueError(f"unknown transfer kind {kind!r}")
         if sender == receiver:
             raise ValueError(f"{sender} cannot send to itself")
-        self.transfers.append(Transfer(round_, sender, receiver, kind, size))
+        self.transfers.append(Transfer(round_, sender, receiver, kind, size, sealed))
 
     @abc.abstractmethod
     def send(self, round_: int, sender: str, receiver: str, kind: str, payload: bytes) -> None:

@@ -242,8 +242,10 @@ def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states:
             write_csv(stage / GLOBAL_TEST_FILE, pd.DataFrame(held))
         write_csv(stage / BUDGET, pd.DataFrame(list(spent), columns=["round", "key", "steps", "real", "replayed"]))
         write_csv(stage / "bn_statistics.csv", batchnorm_frame(metrics))
-        write_csv(stage / "comm.csv", pd.DataFrame([t.__dict__ for t in transfers],
-                                                   columns=["round", "sender", "receiver", "kind", "bytes"]))
+        sealed = ["sealed_bytes"] if any(t.sealed_bytes is not None for t in transfers) else []  # relayed runs
+        comm = pd.DataFrame([t.__dict__ for t in transfers], columns=["round", "sender", "receiver", "kind", "bytes",
+                                                                       *sealed])
+        write_csv(stage / "comm.csv", comm.astype({name: "Int64" for name in sealed}))
         for key, state in states.items():
             save_tensors(stage / "models" / f"{key}.safetensors", {k: v.detach().cpu() for k, v in state.items()})
         save_tensors(stage / PREDICTIONS, predictions)
