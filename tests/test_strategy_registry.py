@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 
 import pandas as pd
@@ -215,3 +216,29 @@ def test_strategies_are_listed_in_the_registrys_one_order_and_an_unlisted_one_fo
     for name in ("z", "a", "b"):
         registry.add(Declaration(name, name, lambda o: None))
     assert registry.names() == ("b", "a", "z")
+
+
+RELAYED = ("cwt", "splitnn", "fedperl")  # beside fedavg and feder (tests/test_flower.py): a model passed on, per-batch
+                                        # activations and gradients, peers and the anonymising server
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("FEDCLI_FLOWER_BIN"), reason="Flower's environment is not given")
+def test_cwt_splitnn_and_fedperl_over_flower_give_the_in_process_numbers(cli, reference, fl_exp, tmp_path):
+    exp = copy_exp(fl_exp, tmp_path)
+    cli.ok("federate", "--exp", exp, *[a for name in RELAYED for a in ("--strategy", name)], "--rounds", "2",
+           "--epochs", "1", "--init-epochs", "0", "--batch", "64", "--bootstrap", "20", "--threads", "1",
+           "--engine", "flower", "--launch", "local", "--cross-eval", "--timeout", "120")
+    for name in RELAYED:
+        for file in ("metrics.csv", "bn_statistics.csv"):
+            pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / name / file),
+                                          pd.read_csv(reference / "federate" / name / file),
+                                          check_exact=False, rtol=0, atol=1e-6)
+        comm = pd.read_csv(exp / "federate" / name / "comm.csv")
+        training = comm[comm.kind != "eval"].drop(columns="sealed_bytes").reset_index(drop=True)
+        assert training.to_dict("records") == pd.read_csv(reference / "federate" / name / "comm.csv").to_dict(
+            "records"), name
+        assert (comm.sealed_bytes > comm.bytes).all(), name
+        expected, got = models(reference, name), models(exp, name)
+        assert got.keys() == expected.keys(), name
+        assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key]), name
