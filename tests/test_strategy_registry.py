@@ -116,6 +116,23 @@ def test_an_option_changes_the_fingerprint_only_of_the_strategies_that_declare_i
     assert federate_key(dataclasses.replace(base, **default)) == federate_key(base)  # a default given is no change
 
 
+def assert_in_process_numbers(exp, reference, name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`name`'s metrics, BatchNorm diagnostic, training transfers (their payload bytes) and models on `exp` are the
+    in-process reference's; (its comm.csv, its training rows)."""
+    for file in ("metrics.csv", "bn_statistics.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / name / file),
+                                      pd.read_csv(reference / "federate" / name / file),
+                                      check_exact=False, rtol=0, atol=1e-6)
+    comm = pd.read_csv(exp / "federate" / name / "comm.csv")
+    training = comm[comm.kind != "eval"].drop(columns="sealed_bytes", errors="ignore").reset_index(drop=True)
+    expected_comm = pd.read_csv(reference / "federate" / name / "comm.csv")
+    assert training.to_dict("records") == expected_comm.to_dict("records"), name  # standalone's: none
+    expected, got = models(reference, name), models(exp, name)
+    assert got.keys() == expected.keys(), name
+    assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key]), name
+    return comm, training
+
+
 def test_every_strategy_that_runs_on_both_engines_gives_the_in_process_numbers_distributed(cli, reference, fl_exp,
                                                                                           tmp_path):
     exp = copy_exp(fl_exp, tmp_path)
@@ -124,17 +141,7 @@ def test_every_strategy_that_runs_on_both_engines_gives_the_in_process_numbers_d
            "--engine", "distributed", "--launch", "local",
            "--cross-eval")
     for name in DISTRIBUTED:
-        for file in ("metrics.csv", "bn_statistics.csv"):
-            pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / name / file),
-                                          pd.read_csv(reference / "federate" / name / file),
-                                          check_exact=False, rtol=0, atol=1e-6)
-        comm = pd.read_csv(exp / "federate" / name / "comm.csv")
-        training = comm[comm.kind != "eval"].reset_index(drop=True)
-        expected_comm = pd.read_csv(reference / "federate" / name / "comm.csv")
-        assert training.to_dict("records") == expected_comm.to_dict("records"), name  # standalone's: none
-        expected, got = models(reference, name), models(exp, name)
-        assert got.keys() == expected.keys(), name
-        assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key]), name
+        comm, training = assert_in_process_numbers(exp, reference, name)
         samples = [{p: load_tensors(exp_ / "federate" / name / "shared" / p, "kept") for p in kept(exp_, name)}
                    for exp_ in (reference, exp)]
         assert samples[0].keys() == samples[1].keys(), name  # each rank's samples, gathered
@@ -230,15 +237,5 @@ def test_cwt_splitnn_and_fedperl_over_flower_give_the_in_process_numbers(cli, re
            "--epochs", "1", "--init-epochs", "0", "--batch", "64", "--bootstrap", "20", "--threads", "1",
            "--engine", "flower", "--launch", "local", "--cross-eval", "--timeout", "120")
     for name in RELAYED:
-        for file in ("metrics.csv", "bn_statistics.csv"):
-            pd.testing.assert_frame_equal(pd.read_csv(exp / "federate" / name / file),
-                                          pd.read_csv(reference / "federate" / name / file),
-                                          check_exact=False, rtol=0, atol=1e-6)
-        comm = pd.read_csv(exp / "federate" / name / "comm.csv")
-        training = comm[comm.kind != "eval"].drop(columns="sealed_bytes").reset_index(drop=True)
-        assert training.to_dict("records") == pd.read_csv(reference / "federate" / name / "comm.csv").to_dict(
-            "records"), name
+        comm, _ = assert_in_process_numbers(exp, reference, name)
         assert (comm.sealed_bytes > comm.bytes).all(), name
-        expected, got = models(reference, name), models(exp, name)
-        assert got.keys() == expected.keys(), name
-        assert all(torch.equal(got[key][k], expected[key][k]) for key in expected for k in expected[key]), name

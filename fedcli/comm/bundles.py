@@ -114,9 +114,20 @@ def make_federation(folder: Path, nodes: list[str], address: str) -> None:
         (bundle / "node.json").write_text(json.dumps({"node": node, "superlink": address}, indent=1) + "\n")
 
 
-def allow_list(folder: Path) -> dict[str, str]:
-    path = folder / "allowlist.json"
+def _setup_file(path: Path, what: str):
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path} is not a fedcli allow-list ({exc}); make it with fedcli deploy") from exc
+        raise UserError(f"{path} is not {what} ({exc}); make it with fedcli deploy setup") from exc
+
+
+def allow_list(folder: Path) -> dict[str, str]:
+    return _setup_file(folder / "allowlist.json", "a fedcli allow-list")
+
+
+def superlink_address(folder: Path) -> str:
+    """The host:port the hospitals connect to, as `make_federation` kept it in the superlink folder."""
+    facts = _setup_file(folder / "superlink.json", "a fedcli SuperLink's address")
+    if not isinstance(facts, dict) or not isinstance(facts.get("superlink"), str):
+        raise UserError(f"{folder / 'superlink.json'} names no SuperLink address; make it with fedcli deploy setup")
+    return facts["superlink"]

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import fedcli
-from fedcli.comm.bundles import allow_list, make_federation
+from fedcli.comm.bundles import allow_list, make_federation, superlink_address
 from fedcli.comm.launcher import GRACE_S, Ended, free_port, last_error, watch
 from fedcli.comm.node_process import RELAY_PORT, TENSORBOARD_FLAG, log_path
 from fedcli.comm.relay_group import read_bundle
@@ -117,14 +117,16 @@ def check_bundles(folder: Path, nodes: list[str]) -> None:
 def admitted(supernode: subprocess.Popen, log: Path, offset: int, deadline: float) -> bool:
     """Whether the SuperLink activated `supernode` (it logs its node id then) before it exited or `deadline`; one
     not admitted by then is stopped."""
-    while time.monotonic() < deadline:
-        with open(log, "rb") as handle:
-            handle.seek(offset)
-            if ADMITTED in handle.read():
+    with open(log, "rb") as handle:
+        handle.seek(offset)
+        seen = b""
+        while time.monotonic() < deadline:
+            seen = seen[-len(ADMITTED):] + handle.read()  # what it logged since, the line possibly split
+            if ADMITTED in seen:
                 return True
-        if supernode.poll() is not None:
-            return False
-        time.sleep(0.1)
+            if supernode.poll() is not None:
+                return False
+            time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(supernode.pid, signal.SIGKILL)
     supernode.wait()
@@ -319,7 +321,7 @@ def coordinate(folder: Path, port: int | None, timeout: float, poll_s: float = 2
     naming why."""
     folder = folder.resolve()
     nodes = list(allow_list(folder / "superlink"))
-    address = json.loads((folder / "superlink" / "superlink.json").read_text())["superlink"]  # checked with the list
+    address = superlink_address(folder / "superlink")
     port = port or int(address.rsplit(":", 1)[1])
     logs_dir = folder / "logs"
     with processes(folder, logs_dir / "flwr.log") as fed:

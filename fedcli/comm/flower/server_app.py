@@ -116,7 +116,8 @@ class Mailbox:
 
 
 def pull_replies(grid: Grid, message_ids: list[str]) -> list[tuple[str, Message]]:
-    """(the message each answers, the reply) for the replies that have arrived, in no particular order: `grid.pull_messages` (flwr/superlink/grid/http_grid.py), its objects retried at `BACKOFF_S`."""
+    """(the message each answers, the reply) for the replies that have arrived, in no particular order:
+    `grid.pull_messages` (flwr/superlink/grid/http_grid.py), its objects retried at `BACKOFF_S`."""
     client, node, run_id = grid._runtime_client, grid.node, grid._run.run_id  # pylint: disable=W0212
     answer = client.PullMessages(PullAppMessagesRequest(message_ids=message_ids))
     replies = []
