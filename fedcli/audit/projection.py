@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from fedcli.core.precision import Scaled, autocast
 from fedcli.generators.perceptual import Perceptual
 
 
@@ -36,6 +37,7 @@ class ProjectionSettings:
     noise_factor: float = 0.05  # initial w noise, times the spread of w
     noise_ramp: float = 0.75
     noise_weight: float = 1e5  # regulariser of optimised per-layer noise
+    precision: str = "fp32"  # synthesis and LPIPS under autocast; w, the noise maps and the distances stay fp32
 
 
 def learning_rate(step: int, settings: ProjectionSettings) -> float:
@@ -92,6 +94,7 @@ def project(synthesis: Callable[..., torch.Tensor], targets: torch.Tensor, w_sta
         noises = [per_image_randn(streams, shape, device).to(w.dtype).requires_grad_(True) for shape in noise_shapes]
         params += noises
     optimizer = torch.optim.Adam(params, betas=(0.9, 0.999), lr=settings.lr)
+    update = Scaled(optimizer, settings.precision, device)
     with torch.no_grad():
         target_features = perceptual.features(targets)
     best = torch.full((len(targets),), math.inf, device=device, dtype=w.dtype)
@@ -102,14 +105,14 @@ def project(synthesis: Callable[..., torch.Tensor], targets: torch.Tensor, w_sta
             group["lr"] = learning_rate(step, settings)
         scale = w_spread * settings.noise_factor * max(0.0, 1.0 - t / settings.noise_ramp) ** 2
         w_noisy = w + per_image_randn(streams, w.shape[1:], device).to(w.dtype) * scale
-        images = synthesis(w_noisy, noise=noises) if noises is not None else synthesis(w_noisy)
-        distances = perceptual.paired(target_features, perceptual.features(images))
+        with autocast(settings.precision, device):
+            images = synthesis(w_noisy, noise=noises) if noises is not None else synthesis(w_noisy)
+            distances = perceptual.paired(target_features, perceptual.features(images)).float()
         loss = distances.sum()
         if noises is not None:
             loss = loss + settings.noise_weight * noise_regularizer(noises).sum()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        update.step(loss)
         if noises is not None:
             with torch.no_grad():
                 for n in noises:

@@ -399,7 +399,7 @@ def project_generators(cfg: AuditConfig, generators: dict, audited: Audited, sta
     row per (generator, image) with its distances, and each generator's reconstructions."""
     perceptual, independent = networks
     w_start, spread = start
-    settings = ProjectionSettings(steps=cfg.steps, lr=cfg.lr)
+    settings = ProjectionSettings(steps=cfg.steps, lr=cfg.lr, precision=cfg.precision)
     rows, reconstructions = [], {}
     for name, generator in generators.items():
         generator.requires_grad_(False)

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from fedcli.core import plugins
 from fedcli.core.errors import UserError
+from fedcli.core.precision import PRECISION_HELP, Precision, check_precision
 from fedcli.experiment.paths import check_experiment_folder
 
 STAGE_TABLES = ("partition", "train_gan", "federate", "audit", "report")
@@ -91,6 +92,10 @@ UNCHANGED_AT = {"ks": None, "train_size": None, "class_mix": [], "shared_fractio
                 "vq_lr": 4e-4, "vq_beta": 0.25, "vq_decay": 0.99, "vq_codebook": 64, "vq_dim": 32, "vq_channels": 64,
                 "prior_iterations": 0, "prior_channels": 64, "prior_layers": 4, "dp_noise": "keyed",
                 "retina_balanced": False, "retina_per_class": RETINA_PER_CLASS, "retina_preprocess": "none"}
+# options config.json records only when set otherwise: at these values a run computes what it did before they
+# existed, and its config.json stays byte for byte what it was
+RECORDED_WHEN_SET = {"precision": "fp32", "compile": False}
+UNCHANGED_AT |= RECORDED_WHEN_SET
 
 
 def settled(values: dict[str, Any]) -> dict[str, Any]:
@@ -292,7 +297,8 @@ def to_json(cfg) -> dict[str, Any]:
         return str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
 
     options = {f.name for f in user_fields(cfg)}
-    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items() if k in options}
+    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()
+            if k in options and not (k in RECORDED_WHEN_SET and v == RECORDED_WHEN_SET[k])}
 
 
 def read_recipe(path: Path) -> dict[str, Any]:
@@ -477,12 +483,14 @@ class AuditConfig:
         "alone (each costs about one standalone run of the node)."))
     seed: int | None = ranged(None, 0, MAX_SEED, help="Seed \\[default: the partition's].")
     device: Device = option("auto", help="auto (CUDA when present), cpu or cuda.")
+    precision: Precision = option("fp32", help=PRECISION_HELP.replace("training steps", "projection's steps"))
     threads: int | None = ranged(None, 1, MAX_THREADS, help=THREADS_HELP)
     overwrite: bool = option(False, help=(
         "Replace existing <exp>/audit/<node> folders (and <exp>/attacks/<strategy> with --shared)."))
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        check_precision(self.precision, self.device)
         check_weights_file(self, "lpips_weights")
         if self.classifier_references % 2:
             raise UserError(f"--classifier-references {self.classifier_references} is odd; the LiRA game trains its "

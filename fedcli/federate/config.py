@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fedcli.core import plugins
+from fedcli.core.precision import COMPILE_HELP, PRECISION_HELP, Precision, check_precision
 from fedcli.core.errors import UserError
 from fedcli.experiment.config import (EXP_HELP, MAX_BATCH, MAX_COUNT, MAX_FOLDS, MAX_SEED, MAX_THREADS, Device, FederateEngine,
                                       Launch, architectures, check_ranges, field_range, option, ranged, to_json)
@@ -117,6 +118,8 @@ class SharedOptions:
     cv: bool = option(False, panel=EVALUATION, help="Run every fold and report mean and std.")
     seed: int | None = ranged(None, 0, MAX_SEED, panel=OUTPUT, help="Seed \\[default: the partition's].")
     device: Device = option("auto", panel=ENGINE, help="auto (CUDA when present), cpu or cuda.")
+    precision: Precision = option("fp32", panel=ENGINE, help=PRECISION_HELP)
+    compile: bool = option(False, panel=ENGINE, help=COMPILE_HELP)
     engine: FederateEngine = option("inprocess", panel=ENGINE, help=(
         "inprocess (every node simulated here), distributed (one torch.distributed process per node: gloo on CPU, "
         "nccl on CUDA) or flower (one process per node, its payloads sealed and relayed by a Flower SuperLink: "
@@ -145,6 +148,7 @@ class SharedOptions:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        check_precision(self.precision, self.device)
         object.__setattr__(self, "strategy", tuple(dict.fromkeys(self.strategy)))
         declared = [REGISTRY[name] for name in self.strategy]  # an unknown name is refused here
         if not self.strategy:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import fedcli.generators as package
 from fedcli.core import plugins
+from fedcli.core.precision import COMPILE_HELP, PRECISION_HELP, Precision, check_precision
 from fedcli.core.errors import UserError
 from fedcli.experiment.config import (EXP_HELP, GIVEN, MAX_BATCH, MAX_COUNT, MAX_SEED, MAX_THREADS, THREADS_HELP,
                                       Device, Engine, Launch, ModelName, check_ranges, option, ranged)
@@ -60,6 +61,8 @@ class CommonOptions:
     sample_only: bool = option(False, panel=OUTPUT, help=(
         "Only re-sample the buffer (e.g. another --buffer-size) from the saved generator."))
     device: Device = option("auto", panel=ENGINE, help="auto (CUDA when present), cpu or cuda.")
+    precision: Precision = option("fp32", panel=ENGINE, help=PRECISION_HELP)
+    compile: bool = option(False, panel=ENGINE, help=COMPILE_HELP)
     engine: Engine = option("inprocess", panel=ENGINE, help=(
         "vqvae2: inprocess (the chain runs here) or distributed (one torch.distributed process per node; each waits "
         "for its predecessor's training). stylegan2 trains each node alone: --node on each node's machine."))
@@ -81,6 +84,7 @@ class CommonOptions:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        check_precision(self.precision, self.device)
         if self.launch != "none" and self.engine == "inprocess":
             raise UserError("--launch applies to --engine distributed (the in-process engine runs every node here)")
         if self.node is not None and self.launch == "local":

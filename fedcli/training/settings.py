@@ -43,6 +43,8 @@ class Budget:
     weight_decay: float = 0.0
     steps_per_round: int | None = None
     partial_batch: str | None = None  # --partial-batch: every strategy's rule for an epoch's last batch
+    precision: str = "fp32"
+    compile: bool = False
 
     @classmethod
     def of(cls, cfg) -> Budget:

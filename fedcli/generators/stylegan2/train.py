@@ -13,6 +13,13 @@ After StyleGAN2-ADA: lazy R1, an EMA generator whose half-life ramps up with the
 ADA, style-mixing regularisation (with probability `style_mixing` a batch's blocks take their w
 from two latents, split at a random block, so no block relies on its neighbours sharing a w), and
 each class's mean w tracked for truncation.
+
+`--precision bf16|fp16` runs the synthesis network and D under autocast, with StyleGAN2-ADA's fp32 islands: the
+mapping network, R1 (a gradient of a gradient), the losses' reductions and the EMA; fp16 scales each optimiser's
+loss. Under DP-SGD the whole D step is fp32: clipping per-example gradient norms and calibrated noise assume
+fp32 sums (a bf16 norm is off by up to 0.4%, which would break the clipping bound the accountant relies on).
+`--compile` compiles D's forward for the passes that need no second derivative (torch.compile's graphs have no
+double backward, so R1 runs eager D) and the synthesis network.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import NamedTuple
 
 import torch
 
+from fedcli.core.precision import Scaled, autocast, full
 from fedcli.generators import fid, losses
 from fedcli.generators.perceptual import Perceptual
 from fedcli.generators.private import DpPlan, PrivateUpdate, check_per_sample, poisson_batch
@@ -54,6 +62,8 @@ class TrainSettings:
     fid_every: int = 100
     fid_images: int = 512
     fid_factor: float = 2.5
+    precision: str = "fp32"
+    compile: bool = False
 
 
 def build_networks(arch: Architecture, seed_value: int, mbstd_group: int = 4) -> tuple[Generator, Discriminator]:
@@ -85,6 +95,10 @@ class GanTrainer:
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=settings.lr, betas=betas)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=settings.lr * r1_ratio,
                                       betas=(0.0, 0.99 ** r1_ratio))
+        self.step_g, self.step_d = (Scaled(opt, settings.precision, device) for opt in (self.opt_g, self.opt_d))
+        self.forward_d, self.synthesis = self.D, self.G.synthesis
+        if settings.compile:
+            self.forward_d, self.synthesis = torch.compile(self.D), torch.compile(self.G.synthesis)
         self.private = None
         if dp is not None:
             check_per_sample(self.D, arch, generator)
@@ -131,14 +145,15 @@ class GanTrainer:
 
     def _generate(self, labels: torch.Tensor, track: bool = False) -> torch.Tensor:
         """Training fakes from G, style-mixed with probability `style_mixing`."""
-        w = self.G.styles(self._randn(len(labels), self.arch.z_dim), labels)
-        if track:
-            self.G.track_w_avg(w, labels)
-        if self._uniform() < self.s.style_mixing and self.G.num_ws > 1:
-            cutoff = int(torch.randint(1, self.G.num_ws, (), generator=self.rng, device=self.rng.device))
-            other = self.G.styles(self._randn(len(labels), self.arch.z_dim), labels)
-            w = torch.stack([w if i < cutoff else other for i in range(self.G.num_ws)], dim=1)
-        return self.G.synthesis(w, generator=self.rng)
+        with full(self.s.precision, self.device):
+            w = self.G.styles(self._randn(len(labels), self.arch.z_dim), labels)
+            if track:
+                self.G.track_w_avg(w, labels)
+            if self._uniform() < self.s.style_mixing and self.G.num_ws > 1:
+                cutoff = int(torch.randint(1, self.G.num_ws, (), generator=self.rng, device=self.rng.device))
+                other = self.G.styles(self._randn(len(labels), self.arch.z_dim), labels)
+                w = torch.stack([w if i < cutoff else other for i in range(self.G.num_ws)], dim=1)
+        return self.synthesis(w, generator=self.rng)
 
     # -- one iteration -----------------------------------------------------------------------
     def step(self, alpha: float = 0.0) -> dict[str, float]:
@@ -149,10 +164,11 @@ class GanTrainer:
 
         self.D.requires_grad_(True)
         fake_labels = self._fake_labels(b)
-        with torch.no_grad():
+        with torch.no_grad(), self._amp():
             fakes = self._generate(fake_labels, track=True)
         augmented_reals = ada.augment(reals, p, self.rng)  # under DP p stays 0: the reals themselves
-        fake_logits = self.D(ada.augment(fakes, p, self.rng), fake_labels)
+        with (full if self.private is not None else autocast)(s.precision, self.device):
+            fake_logits = self.forward_d(ada.augment(fakes, p, self.rng), fake_labels).float()
         do_r1 = s.r1_gamma > 0 and self.iteration % s.r1_every == 0
         if self.private is not None:
             loss_d = self._private_d_step(augmented_reals, real_labels, fake_logits, do_r1)
@@ -162,20 +178,23 @@ class GanTrainer:
 
         self.D.requires_grad_(False)
         gen_labels = self._fake_labels(b)
-        fakes = self._generate(gen_labels)
-        loss_g = losses.g_nonsaturating(self.D(ada.augment(fakes, p, self.rng), gen_labels))
+        with self._amp():
+            fakes = self._generate(gen_labels)
+            logits = self.forward_d(ada.augment(fakes, p, self.rng), gen_labels)
+        loss_g = losses.g_nonsaturating(logits.float())
         metrics = {"loss_g": loss_g.item(), "loss_d": loss_d.item(), "r1": r1.item() if do_r1 else math.nan,
                    "ada_p": p, "rt": self.ada.rt}
         if alpha > 0:
-            if self.real_lpips is not None:
-                l_pp, mean_pp = losses.nearest_privacy_loss(self.perceptual, self.real_lpips, fakes)
-            else:
-                l_pp, mean_pp = losses.privacy_loss(self.perceptual, reals, fakes)
+            with self._amp():
+                if self.real_lpips is not None:
+                    l_pp, mean_pp = losses.nearest_privacy_loss(self.perceptual, self.real_lpips, fakes)
+                else:
+                    l_pp, mean_pp = losses.privacy_loss(self.perceptual, reals, fakes)
+            l_pp, mean_pp = l_pp.float(), mean_pp.float()
             loss_g = loss_g - alpha * l_pp / self.privacy_reference
             metrics.update(l_pp=l_pp.item(), lpips_mean=mean_pp.item())
         self.opt_g.zero_grad(set_to_none=True)
-        loss_g.backward()
-        self.opt_g.step()
+        self.step_g.step(loss_g)
 
         self.iteration += 1
         self.images_seen += b
@@ -187,13 +206,15 @@ class GanTrainer:
         """The standard D update (logistic loss, lazy R1), and ADA's observation of D(real)."""
         s = self.s
         if do_r1:
-            r1, real_logits = losses.r1_penalty(self.D, augmented_reals, real_labels)
+            with full(s.precision, self.device):
+                r1, real_logits = losses.r1_penalty(self.D, augmented_reals, real_labels)
         else:
-            r1, real_logits = torch.zeros((), device=self.device), self.D(augmented_reals, real_labels)
+            with self._amp():
+                r1, real_logits = torch.zeros((), device=self.device), self.forward_d(augmented_reals, real_labels)
+            real_logits = real_logits.float()
         loss_d = losses.d_logistic(real_logits, fake_logits) + (s.r1_gamma / 2) * r1 * s.r1_every * do_r1
         self.opt_d.zero_grad(set_to_none=True)
-        loss_d.backward()
-        self.opt_d.step()
+        self.step_d.step(loss_d)
         self.ada.observe(real_logits)
         return loss_d, r1
 
@@ -204,8 +225,12 @@ class GanTrainer:
         s = self.s
         fake_loss = losses.d_fake(fake_logits)
         r1_weight = s.r1_gamma / 2 * s.r1_every if do_r1 else 0.0
-        self.private.d_step(reals, real_labels, r1_weight, fake_loss)
+        with full(s.precision, self.device):
+            self.private.d_step(reals, real_labels, r1_weight, fake_loss)
         return fake_loss.detach()
+
+    def _amp(self):
+        return autocast(self.s.precision, self.device)
 
     def _update_ema(self) -> None:
         half_life = min(self.s.ema_kimg * 1000, self.images_seen * self.s.ema_rampup)

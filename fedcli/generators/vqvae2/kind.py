@@ -54,6 +54,7 @@ from fedcli.comm.payloads import decode_model, encode_model
 from fedcli.comm.transport import InProcessTransport, Transport
 from fedcli.core import console
 from fedcli.core.errors import UserError
+from fedcli.core.precision import Scaled, autocast
 from fedcli.core.progress import StepProgress
 from fedcli.core.rng import stream_seed, torch_stream
 from fedcli.data.dataset import NodeDataset, to_float
@@ -61,7 +62,7 @@ from fedcli.data.manifest import Manifest
 from fedcli.experiment.artifacts import parse_tensors, save_tensors
 from fedcli.experiment.config import to_json
 from fedcli.experiment.paths import CODES, GENERATOR, SERIAL, inside
-from fedcli.generators import private
+from fedcli.generators import fidelity, private
 from fedcli.generators.buffer import to_uint8
 from fedcli.generators.config import GanConfig
 from fedcli.generators.protocol import RELEASED, Trained
@@ -79,6 +80,7 @@ DP_OPTIONS = ("dp_epsilon", "dp_delta", "dp_max_grad_norm", "dp_noise", "prior_i
 PRIVATISED = "DP-SGD on the VQ-VAE-2, with gradient codebooks and no codes leaving the node, and on its priors"
 CHECKPOINT_FORMAT = 2  # per institution, its own rows and bytes (format 1 held one file with every node's)
 RECONSTRUCTIONS = "decoded"  # the role of the sampler of decoded codes, beside a prior's samples
+FIDELITY_SHARE = 0.5  # the fidelity score's classifier steps, in all, per step of the node's generator
 
 
 class VqGenerator(nn.Module):
@@ -168,6 +170,16 @@ class VqVae2Kind:
         return SerialTraining(cfg, manifest, list(nodes), seed, device, arch, prior_architecture(cfg, arch),
                               list(local or nodes), transport or InProcessTransport(self.transfers), plans)
 
+    def fidelity_budget(self, cfg: GanConfig, budget: fidelity.Budget, train_images: int,
+                        buffers: int) -> fidelity.Budget:
+        """The fidelity score's classifiers take at most FIDELITY_SHARE x the node's own generator steps
+        (--iterations at its chain visit + --prior-iterations) in all: the full --fidelity-* budget grows with the
+        node's images and the generator's steps do not, so uncapped the score outgrew the generator it scores
+        (issue 61: 44 s against 34 s a node on 540 X-rays at 32 px). A small-CNN step costs about half a step of
+        the kind's default VQ-VAE-2, so the score is about a fifth of the stage (docs/train-gan.md)."""
+        allowance = int(FIDELITY_SHARE * (cfg.iterations + cfg.prior_iterations))
+        return fidelity.within(budget, allowance, train_images, buffers)
+
     def node_codec(self, exp: Path, manifest: Manifest, node: str, record: dict, strategy: str) -> NodeCodec:
         return load_codec(exp, manifest, node, record, strategy)
 
@@ -208,12 +220,14 @@ def train_vqvae(model: VqVae2, images: torch.Tensor, cfg: GanConfig, stream: tor
                 log) -> None:
     """--iterations Adam steps on `images` (float [-1, 1]), batches and dead-code restarts from `stream`."""
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.vq_lr)
+    update = Scaled(optimizer, cfg.precision, device)
+    forward = torch.compile(model) if cfg.compile else model  # the quantiser's restarts break its graph
     model.train()
     for i, index in enumerate(batches(len(images), cfg.batch, cfg.iterations, stream), 1):
-        total, parts, (top, bottom) = loss(model, images[index].to(device), cfg.vq_beta, stream)
+        with autocast(cfg.precision, device):  # the quantiser and the losses stay fp32 inside
+            total, parts, (top, bottom) = loss(forward, images[index].to(device), cfg.vq_beta, stream)
         optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        optimizer.step()
+        update.step(total.float())
         log({"iteration": i, **parts, "perplexity_top": perplexity(top, model.arch.codes),
              "perplexity_bottom": perplexity(bottom, model.arch.codes),
              "restarted": model.quant_t.restarted + model.quant_b.restarted})
@@ -225,13 +239,14 @@ def train_prior(generator: VqGenerator, codes: NodeCodes, cfg: GanConfig, stream
     """--prior-iterations Adam steps of both priors on the node's codes (lr --vq-lr, batch --batch)."""
     priors = [generator.prior_top, generator.prior_bottom]
     optimizer = torch.optim.Adam([p for prior in priors for p in prior.parameters()], lr=cfg.vq_lr)
+    update = Scaled(optimizer, cfg.precision, device)
     for i, index in enumerate(batches(len(codes), cfg.batch, cfg.prior_iterations, stream), 1):
         top, bottom, labels = (t[index].to(device) for t in (codes.top, codes.bottom, codes.labels))
-        nll_top = generator.prior_top.nll(top, labels)
-        nll_bottom = generator.prior_bottom.nll(bottom, labels, top)
+        with autocast(cfg.precision, device):
+            nll_top = generator.prior_top.nll(top, labels).float()
+            nll_bottom = generator.prior_bottom.nll(bottom, labels, top).float()
         optimizer.zero_grad(set_to_none=True)
-        (nll_top + nll_bottom).backward()
-        optimizer.step()
+        update.step(nll_top + nll_bottom)
         log({"phase": "prior", "iteration": i, "nll_top": nll_top.item(), "nll_bottom": nll_bottom.item()})
     generator.eval()
 

@@ -51,7 +51,13 @@ class Quantizer(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """z (B, D, H, W) -> (straight-through quantised z, codes (B, H, W), commitment ||sg[e] - z||^2, the
         codebook loss ||sg[z] - e||^2 of a gradient codebook, else None). In training mode an EMA codebook takes
-        one step (dead codes restart from `stream`)."""
+        one step (dead codes restart from `stream`). Always fp32, also under autocast: the nearest code is an argmin
+        over distances that bf16 would tie, and the EMA's running sums need fp32's mantissa."""
+        with torch.autocast(z.device.type, enabled=False):
+            return self._quantise(z.float(), stream)
+
+    def _quantise(self, z: torch.Tensor, stream: torch.Generator | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         b, d, h, w = z.shape
         flat = z.permute(0, 2, 3, 1).reshape(-1, d)
         codes = self.nearest(flat.detach())
