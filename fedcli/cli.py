@@ -23,8 +23,9 @@ from fedcli.pipeline.recipe import RunOptions
 from fedcli.pipeline.shipped import shipped_recipes
 
 CONFIG_HELP = "TOML recipe; its \\[stage] table sets options, which options given here override."
-TENSORBOARD_HELP = ("Also write the stage's events (<exp>/logs/<stage>/events.jsonl) as TensorBoard scalars under "
-                    "<exp>/logs/tensorboard/; needs the tensorboard extra: pip install 'fedcli\\[tensorboard]'.")
+TENSORBOARD_HELP = ("Also write a few of the stage's numbers as TensorBoard runs under <exp>/logs/tensorboard/, one "
+                    "per strategy or node with the same tags, so they overlay; needs the tensorboard extra: "
+                    "pip install 'fedcli\\[tensorboard]'.")
 
 
 class OneLineErrors(TyperGroup):

@@ -1,12 +1,13 @@
 """Logs that work without a terminal (issue 31, point 4): plain progress lines off a terminal, a stage's
 events (`<exp>/logs/<stage>/events.jsonl`) written as the run goes, and `--tensorboard`.
 
-The GAN's events come from the session's tiny-GAN experiment (no GAN is trained here); one two-round FedAvg
-run serves the federate checks.
+The GAN's events come from the session's tiny-GAN experiment (no GAN is trained here); one one-round run of
+FedAvg and Standalone serves the federate checks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from rich.console import Console
 
 from conftest import copy_exp
@@ -22,10 +24,14 @@ from fedcli.core import console, progress
 from fedcli.core.progress import StepProgress
 from fedcli.experiment import events
 from fedcli.experiment.artifact_kinds import kind_of
+from fedcli.experiment.artifacts import read_json
 from fedcli.federate import stage
 from fedcli.federate.config import FederateConfig
 from fedcli.federate.progress import RoundProgress
+from fedcli.federate.strategies import REGISTRY
+from fedcli.federate.strategy_runs import ROUND_METRICS, computed, json_sha256
 from fedcli.generators.progress import TrainingProgress
+from fedcli.generators.samples import write_samples
 
 STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
 
@@ -101,16 +107,44 @@ def test_on_a_terminal_the_rich_bar_is_drawn_as_before(monkeypatch):
 def test_each_fid_check_is_a_line_of_the_events_before_the_stage_ends(tmp_path, monkeypatch):
     monkeypatch.setattr(progress, "POLL_S", 3600.0)
     path = events.events_path(tmp_path, "train-gan")
-    with events.stage_log(tmp_path, "train-gan"), TrainingProgress("node0", iterations=4, pp_iterations=2) as bar:
+    with events.stage_log(tmp_path, "train-gan", nodes=["node0"]), \
+            TrainingProgress("node0", iterations=4, pp_iterations=2) as bar:
+        assert [line["event"] for line in lines_of(path)] == ["start"]  # written as the stage starts
         bar.update(gan_row(1, 1))
-        assert not path.exists()  # nothing before the first event
         bar.update(gan_row(1, 2, fid=80.0))
         written = lines_of(path)
     assert [line["event"] for line in written] == ["start", "check"]
+    assert written[0] | {"time": None} == {"time": None, "event": "start", "stage": "train-gan", "nodes": ["node0"]}
     check = written[1]
     assert check["node"] == "node0" and check["phase"] == 1 and check["iteration"] == 2
     assert check["scores"] == {"loss_g": 0.5, "loss_d": 0.25, "r1": None, "ada_p": 0.0, "rt": 0.1, "fid": 80.0}
     assert lines_of(path)[-1] | {"time": None} == {"time": None, "event": "end", "stage": "train-gan", "ok": True}
+
+
+def test_a_node_is_a_tensorboard_run_of_its_checks_fid_and_losses_and_its_sample_grids(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    class Flat:  # a generator whose every sample is mid-grey
+        def sample(self, labels, stream, truncation):
+            return torch.zeros(len(labels), 1, 4, 4)
+
+    monkeypatch.setattr(progress, "POLL_S", 3600.0)
+    with events.tensorboard(True), events.stage_log(tmp_path, "train-gan"):
+        for node in ("node0", "node1"):
+            with TrainingProgress(node, iterations=4, pp_iterations=2) as bar:
+                bar.update(gan_row(1, 2, fid=80.0))
+                bar.update(gan_row(2, 2, fid=90.0))
+        write_samples(tmp_path / "samples.png", {"phase2": Flat()}, {"phase2": "released"}, [0, 1], ["a", "b"],
+                      seed=0, node="node0", device="cpu")
+    boards = {node: EventAccumulator(str(events.tensorboard_dir(tmp_path, "train-gan", node))).Reload()
+              for node in ("node0", "node1")}
+    tags = {node: board.Tags() for node, board in boards.items()}
+    assert tags["node0"]["scalars"] == tags["node1"]["scalars"]  # the nodes' runs overlay
+    assert set(tags["node0"]["scalars"]) == {f"{phase}/{score}" for phase in ("phase1", "phase2")
+                                             for score in ("fid", "loss_g", "loss_d")}
+    assert [(s.step, s.value) for s in boards["node1"].Scalars("phase2/fid")] == [(2, 90.0)]
+    grid = boards["node0"].Images("samples/phase2")  # samples.png's grid: two classes of eight 4x4 images
+    assert tags["node0"]["images"] == ["samples/phase2"] and (grid[0].height, grid[0].width) == (2 * 4, 8 * 4)
 
 
 def test_train_gan_logged_one_line_per_fid_check_of_every_node(gan3_exp):
@@ -126,44 +160,80 @@ def test_train_gan_logged_one_line_per_fid_check_of_every_node(gan3_exp):
         assert [c["scores"]["fid"] for c in mine] == pytest.approx(checks[fid].tolist(), rel=1e-12)
 
 
-def test_federate_logs_each_round_as_it_ends_and_as_tensorboard_scalars(gan3_exp, tmp_path, capsys):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+STRATEGIES = ("fedavg", "standalone")
 
-    exp = copy_exp(gan3_exp, tmp_path)
+
+@pytest.fixture(scope="module")
+def federated(gan3_exp, tmp_path_factory):
+    """One run of two strategies, one round each, with --tensorboard: its experiment, the events on disk as each
+    round ended, and what it wrote on stderr (off a terminal)."""
+    exp = copy_exp(gan3_exp, tmp_path_factory.mktemp("logs"))
     path = events.events_path(exp, "federate")
     seen = {}
 
     def after_round(strategy, round_):
-        seen[round_] = [line["round"] for line in lines_of(path) if line["event"] == "round"]
+        seen[strategy, round_] = [(line["strategy"], line["round"]) for line in lines_of(path)
+                                  if line["event"] == "round"]
 
-    with events.tensorboard(True):
-        stage.run(FederateConfig(exp=exp, strategy=("fedavg",), rounds=2, bootstrap=10, threads=1),
-                  after_round=after_round)
-    assert seen == {1: [1], 2: [1, 2]}  # each round's line is on disk when the next round starts
+    with events.tensorboard(True), contextlib.redirect_stderr(io.StringIO()) as err:
+        stage.run(FederateConfig(exp=exp, strategy=STRATEGIES, rounds=1, init_epochs=0, batch=64, bootstrap=10,
+                                 threads=1), after_round=after_round)
+    return exp, seen, err.getvalue()
 
-    logged = lines_of(path)
-    assert [line["event"] for line in logged] == ["start", "round", "round", "end"]
-    metrics = pd.read_csv(exp / "federate" / "fedavg" / "metrics.csv")
-    comm = pd.read_csv(exp / "federate" / "fedavg" / "comm.csv")
-    for line in logged[1:3]:
-        assert (line["strategy"], line["fold"], line["rounds"]) == ("fedavg", None, 2)
-        assert line["bytes"] == comm[comm["round"] == line["round"]]["bytes"].sum() > 0
+
+def test_federate_logs_each_round_as_it_ends_round_0_first(federated):
+    exp, seen, err = federated
+    assert seen == {("fedavg", 0): [("fedavg", 0)], ("fedavg", 1): [("fedavg", 0), ("fedavg", 1)],
+                    ("standalone", 0): [("fedavg", 0), ("fedavg", 1), ("standalone", 0)],
+                    ("standalone", 1): [("fedavg", 0), ("fedavg", 1), ("standalone", 0), ("standalone", 1)]}
+    logged = lines_of(events.events_path(exp, "federate"))
+    assert [line["event"] for line in logged] == ["start", "round", "round", "round", "round", "end"]
+    for line in logged[1:5]:
+        assert (line["fold"], line["rounds"]) == (None, 1)
+        out = exp / "federate" / line["strategy"]
+        comm, metrics = pd.read_csv(out / "comm.csv"), pd.read_csv(out / "metrics.csv")
+        assert line["bytes"] == comm[(comm["round"] == line["round"]) & (comm["kind"] != "eval")]["bytes"].sum()
         expected = metrics[metrics["round"] == line["round"]].drop(columns=["round", "strategy"])
         assert [row["model_node"] for row in line["metrics"]] == expected["model_node"].tolist()
         assert [row["accuracy"] for row in line["metrics"]] == pytest.approx(expected["accuracy"].tolist())
-    board = EventAccumulator(str(exp / "logs" / "tensorboard" / "federate"))
-    board.Reload()
-    sent = board.Scalars("fedavg/bytes")  # TensorBoard keeps float32
-    assert [s.step for s in sent] == [1, 2] and [s.value for s in sent] == pytest.approx([logged[1]["bytes"],
-                                                                                          logged[2]["bytes"]])
-    accuracy = board.Scalars("fedavg/global@node0/accuracy")
-    assert [s.value for s in accuracy] == pytest.approx(
-        [next(r["accuracy"] for r in line["metrics"] if r["model_node"] == "global" and r["test_node"] == "node0")
-         for line in logged[1:3]])
-    plain = [STAMP.sub("", line) for line in capsys.readouterr().err.splitlines()]
-    assert any(line.startswith("federate fedavg rounds: 2/2, ") and "done in" in line for line in plain), plain
+    plain = [STAMP.sub("", line) for line in err.splitlines()]
+    assert any(line.startswith("federate fedavg rounds: 1/1, ") and "done in" in line for line in plain), plain
     assert {kind_of(p.relative_to(exp).as_posix()).name for p in (exp / "logs").rglob("*") if p.is_file()} == {
         "stage events"}
+
+
+def test_the_start_line_names_each_run_with_its_options_and_config_hashes_before_the_first_round(federated):
+    exp, _, _ = federated
+    start, first = lines_of(events.events_path(exp, "federate"))[:2]
+    assert start["event"] == "start" and start["stage"] == "federate" and first["round"] == 0
+    assert start["time"] <= first["time"]
+    assert [(run["strategy"], run["fold"]) for run in start["runs"]] == [(name, None) for name in STRATEGIES]
+    for run in start["runs"]:
+        config = read_json(exp / "federate" / run["strategy"] / "config.json", "config")["config"]
+        assert run["config"] == json_sha256(config) and run["options"] == json_sha256(computed(config))
+    assert len({run["options"] for run in start["runs"]}) == 2
+
+
+def test_tensorboard_has_one_run_per_strategy_with_the_same_few_tags(federated):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    exp, _, _ = federated
+    root = exp / "logs" / "tensorboard" / "federate"
+    assert sorted(p.name for p in root.iterdir()) == sorted(STRATEGIES)
+    boards = {name: EventAccumulator(str(root / name)).Reload() for name in STRATEGIES}
+    tags = {name: set(board.Tags()["scalars"]) for name, board in boards.items()}
+    assert tags["fedavg"] == tags["standalone"] == {"comm/bytes", *(f"test/{m}" for m in ROUND_METRICS),
+                                                   *(f"node/{n}/accuracy" for n in ("node0", "node1", "node2"))}
+    for name, board in boards.items():
+        metrics = pd.read_csv(exp / "federate" / name / "metrics.csv")
+        own = metrics[metrics.model_node.isin(REGISTRY.shared_model_keys()) | (metrics.model_node == metrics.test_node)]
+        accuracy = board.Scalars("test/accuracy")  # TensorBoard keeps float32
+        assert [s.step for s in accuracy] == [0, 1]
+        assert [s.value for s in accuracy] == pytest.approx(own.groupby("round").accuracy.mean().tolist())
+        node1 = own[own.test_node == "node1"].accuracy.tolist()
+        assert [s.value for s in board.Scalars("node/node1/accuracy")] == pytest.approx(node1)
+    assert [s.value for s in boards["standalone"].Scalars("comm/bytes")] == [0.0, 0.0]
+    assert boards["fedavg"].Scalars("comm/bytes")[1].value > 0  # round 1's all-reduce (no init epochs: none in 0)
 
 
 def test_tensorboard_without_its_package_is_one_error_line_that_says_how_to_install_it(cli, tmp_path, monkeypatch):

@@ -1,14 +1,16 @@
 """A stage's events as the run goes: `<exp>/logs/<stage>/events.jsonl`, one JSON object a line, and with
-`--tensorboard` the same numbers as TensorBoard scalars under `<exp>/logs/tensorboard/<stage>/`.
+`--tensorboard` a few of the same numbers as TensorBoard runs, one per strategy (federate) or node (train-gan),
+each its own folder `<exp>/logs/tensorboard/<stage>/<run>/` with the same tags as its siblings, so they overlay.
 
 A running stage reports from deep inside (a generator kind's training loop, either federate engine), so
-the stage opens its log for the block that runs it (`stage_log`) and the code that reports calls
-`record`, which writes to the open log or, outside one (a rank that does not write, a unit test), does
-nothing. The file is appended to: a rerun or a resumed run adds its lines after a `start` line of its own,
-and a run that ends writes an `end` line (`"ok": false` when it failed), so an interrupted one is the run
-without one. Each line is one `write` on a file opened for appending, which other processes (two
-`train-gan --node` runs) cannot interleave. Nothing under `logs/` is an artifact: no stage reads it back
-and no fingerprint covers it. A run that fails before its first event writes nothing there.
+the stage opens its log for the block that runs it (`stage_log`, which writes the `start` line at once) and
+the code that reports calls `record` (or `images`), which writes to the open log or, outside one (a rank that
+does not write, a unit test), does nothing. The file is appended to: a rerun or a resumed run adds its lines
+after a `start` line of its own, and a run that ends writes an `end` line (`"ok": false` when it failed), so
+an interrupted one is the run without one. Each line is one `write` on a file opened for appending, which
+other processes (two `train-gan --node` runs) cannot interleave. Nothing under `logs/` is an artifact: no
+stage reads it back and no fingerprint covers it. A run that fails before its stage opens the log writes
+nothing there.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ def events_path(exp: Path, stage: str) -> Path:
     return inside(exp, "logs", stage, EVENTS)
 
 
-def tensorboard_dir(exp: Path, stage: str) -> Path:
-    return inside(exp, "logs", "tensorboard", stage)
+def tensorboard_dir(exp: Path, stage: str, run: str) -> Path:
+    """One TensorBoard run's folder: TensorBoard makes a run of each folder holding event files."""
+    return inside(exp, "logs", "tensorboard", stage, run)
 
 
 def summary_writer_class():
@@ -53,8 +56,8 @@ def summary_writer_class():
 
 @contextlib.contextmanager
 def tensorboard(on: bool) -> Iterator[None]:
-    """Stage logs opened in this block also write TensorBoard scalars (`--tensorboard`); checked up front, so
-    a missing package is one line before anything is written."""
+    """Stage logs opened in this block also write TensorBoard runs (`--tensorboard`); checked up front, so a
+    missing package is one line before anything is written."""
     if on:
         summary_writer_class()
     token = _tensorboard.set(on)
@@ -70,27 +73,33 @@ def tensorboard_wanted() -> bool:
 
 
 class StageLog:
-    """One stage run's events file (and TensorBoard writer), both opened at the first event."""
+    """One stage run's events file, opened with its `start` line, and its TensorBoard runs, each opened at its
+    first number."""
 
-    def __init__(self, exp: Path, stage: str, tensorboard: bool):
-        self.path, self.stage = events_path(exp, stage), stage
-        self.board_dir = tensorboard_dir(exp, stage) if tensorboard else None
-        self._fd: int | None = None
-        self._board = None
+    def __init__(self, exp: Path, stage: str, tensorboard: bool, start: Mapping[str, Any]):
+        self.exp, self.stage, self.tensorboard = exp, stage, tensorboard
+        path = events_path(exp, stage)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        self._boards: dict[str, Any] = {}
+        self._line("start", {"stage": stage, **start})
 
-    def write(self, event: str, fields: Mapping[str, Any], scalars: Mapping[str, float] | None = None,
-              step: int = 0) -> None:
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-            self._line("start", {"stage": self.stage})
+    def write(self, event: str, fields: Mapping[str, Any], run: str | None, scalars: Mapping[str, float] | None,
+              step: int) -> None:
         self._line(event, fields)
-        if scalars and self.board_dir is not None:
-            if self._board is None:
-                self._board = summary_writer_class()(log_dir=str(self.board_dir))
+        board = self.board(run) if scalars else None
+        if board is not None:
             for tag, value in scalars.items():
-                self._board.add_scalar(tag, value, step)
-            self._board.flush()
+                board.add_scalar(tag, value, step)
+            board.flush()
+
+    def board(self, run: str | None):
+        """`run`'s TensorBoard writer; None without --tensorboard or a run."""
+        if not self.tensorboard or run is None:
+            return None
+        if run not in self._boards:
+            self._boards[run] = summary_writer_class()(log_dir=str(tensorboard_dir(self.exp, self.stage, run)))
+        return self._boards[run]
 
     def _line(self, event: str, fields: Mapping[str, Any]) -> None:
         stamp = datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
@@ -98,19 +107,17 @@ class StageLog:
         os.write(self._fd, (text + "\n").encode())
 
     def close(self, ok: bool) -> None:
-        if self._fd is not None:
-            self._line("end", {"stage": self.stage, "ok": ok})
-            os.close(self._fd)
-            self._fd = None
-        if self._board is not None:
-            self._board.close()
-            self._board = None
+        self._line("end", {"stage": self.stage, "ok": ok})
+        os.close(self._fd)
+        for board in self._boards.values():
+            board.close()
 
 
 @contextlib.contextmanager
-def stage_log(exp: Path, stage: str) -> Iterator[StageLog]:
-    """`record` in this block writes to `stage`'s events (and TensorBoard, when on)."""
-    log = StageLog(exp, stage, _tensorboard.get())
+def stage_log(exp: Path, stage: str, **start: Any) -> Iterator[StageLog]:
+    """`record` in this block writes to `stage`'s events (and TensorBoard, when on); the `start` line, with
+    `start`'s fields, is written now, so a reader sees the stage begin before its first result."""
+    log = StageLog(exp, stage, _tensorboard.get(), start)
     token = _open_log.set(log)
     ok = False
     try:
@@ -121,12 +128,23 @@ def stage_log(exp: Path, stage: str) -> Iterator[StageLog]:
         log.close(ok)
 
 
-def record(event: str, fields: Mapping[str, Any], scalars: Mapping[str, float] | None = None, step: int = 0) -> None:
-    """One line in the open stage log, and `scalars` (tag -> value) at `step` for TensorBoard; nothing when no
-    log is open here."""
+def record(event: str, fields: Mapping[str, Any], run: str | None = None,
+           scalars: Mapping[str, float] | None = None, step: int = 0) -> None:
+    """One line in the open stage log, and `scalars` (tag -> value) at `step` in TensorBoard run `run`; nothing
+    when no log is open here."""
     log = _open_log.get()
     if log is not None:
-        log.write(event, fields, scalars, step)
+        log.write(event, fields, run, scalars, step)
+
+
+def images(run: str, grids: Mapping[str, Any], step: int = 0) -> None:
+    """Image grids (tag -> an HxWxC uint8 array) in TensorBoard run `run`, when --tensorboard is on."""
+    log = _open_log.get()
+    board = log.board(run) if log is not None else None
+    if board is not None:
+        for tag, grid in grids.items():
+            board.add_image(tag, grid, step, dataformats="HWC")
+        board.flush()
 
 
 def plain(value: Any) -> Any:

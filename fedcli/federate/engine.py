@@ -140,7 +140,8 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
                ) -> tuple[list[dict], list[Transfer], list[dict]]:
     """Rounds 0..R with evaluation every `eval_every` rounds and at the end; resumable. Returns this
     process's rows, transfers and training calls' costs (LocalTrainer.spent; every node's, gathered, on a
-    distributed run); `after_round` hears of each round once every node has checkpointed it."""
+    distributed run); `after_round` hears of each round once every node has checkpointed it, round 0 (the
+    set-up models, before any round trains) too on a fresh start."""
     done = resume_round(fed, checkpoint) if resume else None
     if done is not None:
         states, rows, transfers, fed.trainer.spent = checkpoint.load(done, config)
@@ -152,6 +153,7 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
         strategy.setup(fed)
         done, rows = 0, fed.evaluator.evaluate(strategy.name, 0, strategy.models())
         checkpoint.save(0, strategy.state(), rows, fed.transport.transfers, config, fed.trainer.spent)
+        round_ended(fed, 0, rows, after_round)
     for round_ in range(done + 1, rounds + 1):
         strategy.run_round(fed, round_)
         evaluated = []
@@ -160,18 +162,23 @@ def run_rounds(fed: Federation, strategy: Strategy, rounds: int, eval_every: int
             evaluated = fed.evaluator.evaluate(strategy.name, round_, strategy.models(), trained_on)
             rows += evaluated
         checkpoint.save(round_, strategy.state(), rows, fed.transport.transfers, config, fed.trainer.spent)
-        sent = sum(t.bytes for t in fed.transport.transfers if t.round == round_ and t.kind != EVAL)
-        parts = fed.transport.gather({"rows": evaluated, "bytes": sent},
-                                     f"the end of round {round_}")  # every node has saved it
-        if after_round is not None:
-            after_round(RoundEnd(round_, sorted((row for part in parts for row in part["rows"]),
-                                                key=row_order(fed.nodes)), sum(part["bytes"] for part in parts)))
+        round_ended(fed, round_, evaluated, after_round)
     rows = [row for part in fed.transport.gather(rows, "gathering the metrics") for row in part]
     transfers = [Transfer(**t) for part in fed.transport.gather([t.__dict__ for t in fed.transport.transfers],
                                                                 "gathering the transfers") for t in part]
     spent = [row for part in fed.transport.gather(fed.trainer.spent, "gathering the training budget") for row in part]
     return (sorted(rows, key=row_order(fed.nodes)), sorted(transfers, key=transfer_order(fed.nodes)),
             sorted(spent, key=spent_order(fed.nodes)))
+
+
+def round_ended(fed: Federation, round_: int, evaluated: list[dict],
+                after_round: Callable[[RoundEnd], None] | None) -> None:
+    """`after_round` hears of round `round_` (its RoundEnd) once every node has saved it."""
+    sent = sum(t.bytes for t in fed.transport.transfers if t.round == round_ and t.kind != EVAL)
+    parts = fed.transport.gather({"rows": evaluated, "bytes": sent}, f"the end of round {round_}")
+    if after_round is not None:
+        after_round(RoundEnd(round_, sorted((row for part in parts for row in part["rows"]), key=row_order(fed.nodes)),
+                             sum(part["bytes"] for part in parts)))
 
 
 def resume_round(fed: Federation, checkpoint: Checkpoint) -> int | None:

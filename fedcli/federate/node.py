@@ -38,8 +38,8 @@ from fedcli.federate.config import FederateConfig
 from fedcli.federate.progress import RoundProgress
 from fedcli.federate.strategies import REGISTRY
 from fedcli.federate.strategy_runs import (SHARED, StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed,
-                                           load_buffer, own_site, planned_runs, record_round, run_label, run_outputs,
-                                           strategy_config, write_output)
+                                           load_buffer, own_site, planned_runs, record_round, resolved_runs, run_label,
+                                           run_outputs, start_fields, write_output)
 
 FINAL = "final"  # a rank's final models, inside its checkpoint part, for rank 0 to collect
 
@@ -62,7 +62,8 @@ class Rank:
         own = {"sha256": file_sha256(gan_dir(cfg.exp, self.node) / BUFFER), "size": len(self.buffers[self.node])} \
             if user else None
         infos = self.group.exchange("sharing buffer hashes", own)
-        self.buffer_info = {n: i for n, i in zip(group.names, infos) if i is not None}
+        buffer_info = {n: i for n, i in zip(group.names, infos) if i is not None}
+        self.resolved = resolved_runs(cfg, manifest, self.runs, buffer_info)
         self.shared_disk = self.same_file_system()
         self.images = NodeImages(manifest)  # decoded once for every strategy and fold
 
@@ -90,7 +91,8 @@ class Rank:
         """Under this node's locks: its launcher's (`--launch local`), or its own (started by hand)."""
         with locked(self.cfg.exp, run_outputs(self.cfg, self.runs), parts=[self.node]):
             check_outputs(self.cfg, self.runs, self.manifest.node_names, local=[self.node])
-            with events.stage_log(self.cfg.exp, "federate") if self.writes_results else contextlib.nullcontext():
+            with (events.stage_log(self.cfg.exp, "federate", **start_fields(self.resolved)) if self.writes_results
+                  else contextlib.nullcontext()):
                 runs = [self.run_one(name, fold) for name, fold in self.runs]
         return runs if self.group.rank == 0 else []
 
@@ -106,7 +108,7 @@ class Rank:
         fed = engine.build(cfg, self.manifest, self.manifest.stage_seed(cfg.seed), name=name, device=self.device,
                            fold=fold, buffers=self.buffers, images=self.images, transport=transport,
                            local_nodes=[node], cross_eval=cfg.cross_eval)
-        resolved = strategy_config(cfg, self.manifest, name, fold, self.buffer_info)
+        resolved = self.resolved[name, fold]
         strategy = REGISTRY.build(name, resolved)
         work = checkpoint_dir(out)
         self.log.info("%s: start (resume=%s)", run_label(name, fold), cfg.resume)

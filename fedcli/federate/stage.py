@@ -29,8 +29,8 @@ from fedcli.federate.config import FederateConfig
 from fedcli.federate.progress import RoundProgress
 from fedcli.federate.strategies import REGISTRY
 from fedcli.federate.strategy_runs import (StrategyRun, buffer_user, check_outputs, checkpoint_dir, computed,
-                                           load_buffer, own_site, planned_runs, record_round, run_label, run_outputs,
-                                           strategy_config, write_output)
+                                           load_buffer, own_site, planned_runs, record_round, resolved_runs, run_label,
+                                           run_outputs, start_fields, write_output)
 
 
 def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
@@ -52,18 +52,17 @@ def run(cfg: FederateConfig, after_round=None) -> list[StrategyRun]:
                        for node in buffers}
         images = NodeImages(manifest)
         device = resolve_device(cfg.device)
-        with torch_threads(cfg.threads), events.stage_log(cfg.exp, "federate"):
-            return [run_one(cfg, manifest, device, name, fold, buffers, buffer_info, images, after_round)
+        resolved = resolved_runs(cfg, manifest, runs, buffer_info)
+        with torch_threads(cfg.threads), events.stage_log(cfg.exp, "federate", **start_fields(resolved)):
+            return [run_one(cfg, manifest, device, name, fold, buffers, resolved[name, fold], images, after_round)
                     for name, fold in runs]
 
 
 def run_one(cfg: FederateConfig, manifest: Manifest, device: str, name: str, fold: int | None,
-            buffers: dict[str, TensorSource], buffer_info: dict[str, dict], images: NodeImages,
-            after_round) -> StrategyRun:
+            buffers: dict[str, TensorSource], resolved: dict, images: NodeImages, after_round) -> StrategyRun:
     out = federate_dir(cfg.exp, name, fold)
     fed = engine.build(cfg, manifest, manifest.stage_seed(cfg.seed), name=name, device=device, fold=fold,
                        buffers=buffers, images=images)
-    resolved = strategy_config(cfg, manifest, name, fold, buffer_info)
     strategy = REGISTRY.build(name, resolved)
     work = checkpoint_dir(out)
     with RoundProgress(run_label(name, fold), cfg.rounds) as progress:

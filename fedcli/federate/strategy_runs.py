@@ -4,6 +4,7 @@ load the buffers, resolve and record a run's options, log each round's events, a
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,8 +19,8 @@ from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 from fedcli.experiment import events
 from fedcli.experiment.artifact_kinds import file_sha256, record_files
-from fedcli.experiment.artifacts import (check_output_free, check_writable, provenance, save_tensors, staged_output,
-                                         write_csv, write_json)
+from fedcli.experiment.artifacts import (canonical_json, check_output_free, check_writable, provenance, save_tensors,
+                                         sha256_bytes, staged_output, write_csv, write_json)
 from fedcli.experiment.config import architectures, settled
 from fedcli.experiment.names import check_not_reserved
 from fedcli.experiment.paths import BUFFER, CODES, PREDICTIONS, federate_dir, gan_dir
@@ -200,6 +201,24 @@ def strategy_config(cfg: FederateConfig, manifest: Manifest, name: str, fold: in
                                "init_epochs": cfg.init_epochs_resolved, "inputs": inputs}
 
 
+def resolved_runs(cfg: FederateConfig, manifest: Manifest, runs: list[tuple[str, int | None]],
+                  buffer_info: dict[str, dict]) -> dict[tuple[str, int | None], dict]:
+    """Each run's resolved options (`strategy_config`), known before the first trains."""
+    return {(name, fold): strategy_config(cfg, manifest, name, fold, buffer_info) for name, fold in runs}
+
+
+def start_fields(resolved: dict[tuple[str, int | None], dict]) -> dict:
+    """What the stage's `start` line says of its runs: each one's strategy and fold, the hash of the options that
+    decide its numbers (`computed`, what its checkpoint compares: the same on either engine, or resumed) and that
+    of the config its config.json records."""
+    return {"runs": [{"strategy": name, "fold": fold, "options": json_sha256(computed(config)),
+                      "config": json_sha256(config)} for (name, fold), config in resolved.items()]}
+
+
+def json_sha256(value) -> str:
+    return sha256_bytes(canonical_json(value).encode())
+
+
 def computed(resolved: dict) -> dict:
     """What decides a run's numbers: the resolved options less where the experiment lies and how the
     run executes (engine, threads), so a moved experiment, or the other engine, resumes a checkpoint."""
@@ -211,18 +230,33 @@ def run_label(name: str, fold: int | None) -> str:
     return name if fold is None else f"{name} fold {fold}"
 
 
+ROUND_METRICS = ("accuracy", "balanced_accuracy", "f1_macro", "auroc", "ece")  # TensorBoard's means, every round
+NODE_METRIC = "accuracy"  # and each node's
+
+
 def record_round(name: str, fold: int | None, rounds: int, end: RoundEnd) -> None:
     """The round's line in the stage's events (fedcli/experiment/events.py): its metrics rows as metrics.csv holds them
-    (less the run's columns) and its bytes; TensorBoard tags `<run>/<model>@<test node>/<metric>` and
-    `<run>/bytes`, step the round."""
+    (less the run's columns) and its bytes; and, in the run's TensorBoard run, the same few tags whatever the
+    strategy (so runs overlay), step the round (`round_scalars`)."""
     metrics = [{k: v for k, v in row.items() if k not in ("round", "strategy", *DIAGNOSTIC)} for row in end.rows]
-    label = run_label(name, fold).replace(" ", "-")
-    scalars = {f"{label}/bytes": float(end.bytes)}
-    for row in metrics:
-        scalars |= {f"{label}/{row['model_node']}@{row['test_node']}/{k}": v
-                    for k, v in events.scalars_of(row).items() if k != "n_test"}
     events.record("round", {"strategy": name, "fold": fold, "round": end.round, "rounds": rounds, "bytes": end.bytes,
-                            "metrics": metrics}, scalars, end.round)
+                            "metrics": metrics}, board_run(name, fold), round_scalars(end), end.round)
+
+
+def board_run(name: str, fold: int | None) -> str:
+    """The run's TensorBoard run (fedcli/experiment/events.py)."""
+    return run_label(name, fold).replace(" ", "-")
+
+
+def round_scalars(end: RoundEnd) -> dict[str, float]:
+    """`test/<metric>`, the mean over the nodes of each node's model (or the shared one) on its own test set, where
+    defined; `node/<node>/accuracy`; `comm/bytes`. A round without evaluation has only the bytes."""
+    own = [row for row in own_site(end.rows) if row["model_node"] in (row["test_node"], *REGISTRY.shared_model_keys())]
+    scalars = {f"node/{row['test_node']}/{NODE_METRIC}": row[NODE_METRIC] for row in own}
+    for metric in ROUND_METRICS:
+        values = [row[metric] for row in own if math.isfinite(row[metric])]
+        scalars[f"test/{metric}"] = sum(values) / len(values) if values else math.nan
+    return events.scalars_of(scalars) | {"comm/bytes": float(end.bytes)}
 
 
 def write_output(out: Path, rows: list[dict], transfers: list[Transfer], states: dict[str, dict[str, torch.Tensor]],

@@ -14,6 +14,7 @@ from fedcli.core.progress import ProgressBar
 from fedcli.experiment import events
 
 RUN_KEYS = ("phase", "iteration")  # where a row stands; the rest are its scores
+CHECK_SCALARS = ("fid", "loss_g", "loss_d", "l_pp")  # a check's scores in TensorBoard: FID and the losses
 
 
 class TrainingProgress(ProgressBar):
@@ -61,10 +62,11 @@ class TrainingProgress(ProgressBar):
         events.record("phase1-reused", {"node": self.node, "from": str(source), "iterations": iterations})
 
     def record_check(self, row: dict) -> None:
-        """The check's line in the stage's events; TensorBoard tags `<node>/<phase>/<score>`, step the
-        phase's iteration."""
+        """The check's line in the stage's events; in the node's TensorBoard run, `<phase>/<score>` for the
+        scores of CHECK_SCALARS it holds (the same tags in every node's run), step the phase's iteration."""
         scores = {k: v for k, v in row.items() if k not in RUN_KEYS}
         phase = f"phase{row['phase']}" if isinstance(row["phase"], int) else row["phase"]
         events.record("check", {"node": self.node, "phase": row["phase"], "iteration": row["iteration"],
-                                "scores": scores},
-                      {f"{self.node}/{phase}/{k}": v for k, v in events.scalars_of(scores).items()}, row["iteration"])
+                                "scores": scores}, self.node,
+                      {f"{phase}/{k}": v for k, v in events.scalars_of(scores).items() if k in CHECK_SCALARS},
+                      row["iteration"])
