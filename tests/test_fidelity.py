@@ -3,6 +3,8 @@ and FID on both its feature spaces, against torch-fidelity and the closed form o
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +14,13 @@ from sklearn.datasets import load_digits
 
 from fedcli.core import weights
 from fedcli.core.errors import UserError
-from fedcli.data.dataset import to_float
+from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.tensor_source import TensorSource
-from fedcli.generators import fid
-from fedcli.generators.fidelity import Budget, score, train_classifier
+from fedcli.generators import fid, fidelity, node_training
+from fedcli.generators.config import GanConfig
+from fedcli.generators.registry import generator_kind
+from fedcli.generators.fidelity import Budget, score, train_classifier, within
+from fedcli.generators.vqvae2.kind import FIDELITY_SHARE, KIND as VQVAE2
 
 BUDGET = Budget(epochs=4, seeds=2)
 
@@ -74,6 +79,68 @@ def test_test_images_that_also_occur_among_the_training_images_are_not_a_leak(di
     train = TensorSource(torch.cat([train.images, shared]), torch.cat([train.labels, test.labels[:5]]))
     result = scored({"b": TensorSource(shared, test.labels[:5])}, train, test)["b"]
     assert 0 <= result["ratio"]
+
+
+FULL = Budget()  # train-gan's defaults: 3 seeds of 11 epochs
+
+
+def test_a_budget_within_its_allowance_is_kept_whole():
+    assert within(FULL, 3 * 2 * 11 * 17, 539, 1) == FULL  # seeds x (real + buffer) x epochs x ceil(539 / 32)
+
+
+def test_over_its_allowance_the_score_drops_seeds_first_then_epochs_down_to_one_of_each():
+    assert within(FULL, 800, 539, 1) == dataclasses.replace(FULL, seeds=2)  # 2 x 2 x 187 = 748 steps
+    assert within(FULL, 200, 539, 1) == dataclasses.replace(FULL, seeds=1, epochs=5)  # 2 x 5 x 17 = 170
+    assert within(FULL, 1, 539, 1) == dataclasses.replace(FULL, seeds=1, epochs=1)
+
+
+@pytest.mark.parametrize("images", [40, 539, 5000])
+@pytest.mark.parametrize("prior_iterations", [0, 200], ids=["decoded-codes", "prior"])
+def test_a_vqvae2_score_takes_at_most_half_its_generators_steps_in_whole_epochs_of_the_nodes_images(
+        images, prior_iterations):
+    """The rule (docs/train-gan.md): the classifiers' steps in all are at most FIDELITY_SHARE x the node's
+    generator steps, as many whole epochs of the node's images as fit (one seed of one epoch at least), so the
+    epochs fall as the node's images grow and the score's cost stays bounded by the generator's."""
+    assert FIDELITY_SHARE == 0.5
+    cfg = GanConfig(exp=Path("exp"), generator="vqvae2", iterations=400, prior_iterations=prior_iterations)
+    buffers = 2 if prior_iterations else 1  # with a prior, the decoded codes are scored beside its samples
+    budget = VQVAE2.fidelity_budget(cfg, FULL, images, buffers)
+    allowance, per_epoch = (400 + prior_iterations) // 2, (1 + buffers) * math.ceil(images / FULL.batch)
+    total = budget.seeds * budget.epochs * per_epoch
+    assert total <= allowance or (budget.seeds, budget.epochs) == (1, 1)
+    fitting_epochs = min(FULL.epochs, max(1, allowance // per_epoch))
+    assert budget.seeds == FULL.seeds or (budget.seeds, budget.epochs) == (1, fitting_epochs)
+    assert dataclasses.replace(budget, seeds=FULL.seeds, epochs=FULL.epochs) == FULL  # model, lr, batch kept
+
+
+def test_a_vqvae2_score_trains_the_steps_its_budget_states(digits, monkeypatch):
+    """Counted where the classifiers train (each one's batches, untrained: only their number matters here): 400
+    digits (13 steps an epoch) and a 120-step generator leave 60 steps, one seed of 2 epochs on each side."""
+    train, test = digits
+    steps = []
+    monkeypatch.setattr(fidelity, "train_local", lambda model, batches, *args: steps.append(len(batches)) or steps[-1])
+    budget = VQVAE2.fidelity_budget(GanConfig(exp=Path("exp"), generator="vqvae2", iterations=120), FULL,
+                                    len(train), 1)
+    result = score({"released": train}, train, test, budget, in_channels=1, num_classes=10, seed=0, node="node0")
+    assert (budget.seeds, budget.epochs) == (1, 2) and steps == [26, 26] and result["released"]["steps"] == 26
+
+
+@pytest.mark.parametrize("kind", ["vqvae2", "stylegan2"])
+def test_train_gan_scores_a_vqvae2_node_within_the_rule_and_a_stylegan2_node_in_full(kind, digits_manifest,
+                                                                                      monkeypatch):
+    """Through train-gan's measure_fidelity (each classifier's training stubbed to its count of steps): config.json
+    records the budget that trained; a stylegan2 node has no cap, so the quickstart's scores stay as they were."""
+    steps = []
+    monkeypatch.setattr(fidelity, "train_local", lambda model, batches, *args: steps.append(len(batches)) or steps[-1])
+    data = NodeDataset(digits_manifest, "node0", "train")
+    train = TensorSource(data.images, data.labels)
+    cfg = GanConfig(exp=Path("exp"), generator=kind)
+    full = fidelity.config_budget(cfg, digits_manifest)
+    expected = VQVAE2.fidelity_budget(cfg, full, len(train), 1) if kind == "vqvae2" else full
+    record = node_training.measure_fidelity(cfg, digits_manifest, generator_kind(kind), "node0", 0,
+                                            sorted(set(data.labels.tolist())), {}, train, train, "cpu")
+    assert record["classifier"] == dataclasses.asdict(expected) and len(steps) == 2 * expected.seeds
+    assert sum(steps) <= cfg.iterations // 2 if kind == "vqvae2" else expected == full
 
 
 def test_offline_fid_space_is_a_classifier_of_the_nodes_images_and_sees_missing_classes(digits):

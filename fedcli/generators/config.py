@@ -51,13 +51,15 @@ class CommonOptions:
         "Fidelity score's classifier (use federate's --model)."))
     fidelity_epochs: int = ranged(11, 1, MAX_COUNT, panel=BUFFER, help=(
         "Fidelity classifier's epochs over the real training images (federate's init epochs + rounds x epochs); the "
-        "buffer gets as many steps."))
+        "buffer gets as many steps. vqvae2: at most, see --fidelity-seeds."))
     fidelity_lr: float = ranged(1e-3, 0, 1, low_open=True, panel=BUFFER, help=(
         "Fidelity classifier's learning rate (federate's --lr)."))
     fidelity_batch: int = ranged(32, 2, MAX_BATCH, why="the classifier has BatchNorm", panel=BUFFER, help=(
         "Fidelity classifier's batch (federate's --batch)."))
     fidelity_seeds: int = ranged(3, 0, 100, why="0 skips the fidelity score", panel=BUFFER, help=(
-        "Classifier seeds the fidelity score averages over; 0 skips it."))
+        "Classifier seeds the fidelity score averages over; 0 skips it. vqvae2: the score's classifiers take at most "
+        "half the node's generator steps (--iterations + --prior-iterations) in all, seeds dropping first (to 1), "
+        "then epochs (to 1); config.json's fidelity.classifier records what trained."))
     sample_only: bool = option(False, panel=OUTPUT, help=(
         "Only re-sample the buffer (e.g. another --buffer-size) from the saved generator."))
     device: Device = option("auto", panel=ENGINE, help="auto (CUDA when present), cpu or cuda.")

@@ -35,7 +35,7 @@ from fedcli.generators.buffer import sample_buffer
 from fedcli.generators.protocol import Sampler
 from fedcli.metrics.scores import accuracy, correct
 from fedcli.models.classifier import build_classifier
-from fedcli.training.local import Batches, LocalSettings, train_local
+from fedcli.training.local import Batches, LocalSettings, batch_bounds, train_local
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,17 @@ def config_budget(cfg, manifest) -> Budget:
     """A train-gan config's fidelity budget (`--fidelity-*`), with the partition's augmentations."""
     return Budget(model=cfg.fidelity_model, epochs=cfg.fidelity_epochs, lr=cfg.fidelity_lr, batch=cfg.fidelity_batch,
                   seeds=cfg.fidelity_seeds, augment=tuple(manifest.data.get("augment", ())))
+
+
+def within(budget: Budget, allowance: int, train_images: int, buffers: int) -> Budget:
+    """The most of `budget` whose classifiers (per seed, one on the real images and one per buffer, each of
+    `epochs` passes over the node's `train_images`) take at most `allowance` steps in all, and at least one
+    seed of one epoch. Seeds go first, down to one: fewer of them widen the mean's spread but leave what each
+    classifier measures; then epochs, which train a weaker classifier on both sides."""
+    per_epoch = (1 + buffers) * len(batch_bounds(train_images, budget.batch))
+    seeds = min(budget.seeds, max(1, allowance // (per_epoch * budget.epochs)))
+    epochs = min(budget.epochs, max(1, allowance // (per_epoch * seeds)))
+    return dataclasses.replace(budget, seeds=seeds, epochs=epochs)
 
 
 def image_keys(images: torch.Tensor) -> list[bytes]:

@@ -54,18 +54,24 @@ def run_nodes(cfg: GanConfig, manifest: Manifest, nodes: list[str], keep_finishe
     todo = [node for node in nodes if node not in kept]
     for node in kept:
         console.out.print(f"node {node}: kept, made by this same configuration before an interruption")
-    with events.stage_log(cfg.exp, "train-gan"):  # the FID checks, as they come (generators/progress.py)
-        if not todo:
-            trainer = None
-        elif getattr(kind, "serial", False):  # one chain over every node; this process holds `nodes`
-            trainer = kind.trainer(cfg, manifest, manifest.node_names, seed, device, nodes, transport)
-        else:
-            trainer = kind.trainer(cfg, manifest, todo, seed, device)
+    trainer = node_trainer(cfg, manifest, kind, nodes, todo, seed, device, transport)
+    with events.stage_log(cfg.exp, "train-gan", nodes=todo):  # the FID checks, as they come (generators/progress.py)
         summaries = [kept[node] if node in kept else train_node(cfg, manifest, kind, trainer, node, seed, device)
                      for node in nodes]
     if hasattr(trainer, "finish"):
         trainer.finish()
     return summaries
+
+
+def node_trainer(cfg: GanConfig, manifest: Manifest, kind: GeneratorKind, nodes: list[str], todo: list[str], seed: int,
+                 device: str, transport: Transport | None) -> NodeTrainer | None:
+    """The kind's trainer of the nodes still `todo` (None when none is), built before the stage's log opens: what it
+    refuses (a weights file, a DP plan) leaves the experiment as it was."""
+    if not todo:
+        return None
+    if getattr(kind, "serial", False):  # one chain over every node; this process holds `nodes`
+        return kind.trainer(cfg, manifest, manifest.node_names, seed, device, nodes, transport)
+    return kind.trainer(cfg, manifest, todo, seed, device)
 
 
 def check_settings(cfg: GanConfig, manifest: Manifest, nodes: list[str]) -> GeneratorKind:
@@ -173,7 +179,7 @@ def train_node(cfg: GanConfig, manifest: Manifest, kind: GeneratorKind, trainer:
     trained = trainer.train(node, data)
     buffer = trained.decoded or sample_buffer(trained.generators[RELEASED], classes, cfg.buffer_size, seed, node,
                                               device, cfg.truncation)
-    scores = measure_fidelity(cfg, manifest, node, seed, classes, trained.generators, TensorSource(*buffer),
+    scores = measure_fidelity(cfg, manifest, kind, node, seed, classes, trained.generators, TensorSource(*buffer),
                               TensorSource(data.images, data.labels), device)
     return write_node(cfg, manifest, kind, node, seed, device, classes, trained, buffer, scores)
 
@@ -206,12 +212,14 @@ def buffer_record(cfg: GanConfig, trained: Trained, folder: Path) -> dict:
     return {"size": cfg.buffer_size, "truncation": cfg.truncation, "sha256": file_sha256(folder / BUFFER)}
 
 
-def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, classes: list[int],
-                     generators: dict[str, Sampler], buffer: TensorSource, train: TensorSource,
+def measure_fidelity(cfg: GanConfig, manifest: Manifest, kind: GeneratorKind, node: str, seed: int,
+                     classes: list[int], generators: dict[str, Sampler], buffer: TensorSource, train: TensorSource,
                      device: str) -> dict | None:
     """The released buffer's fidelity, with every other generator's of the kind alongside under its role (StyleGAN:
     `phase1` and `control`; VQ-VAE-2 with a prior: `decoded`), the same buffer draws from each; None when
-    --fidelity-seeds is 0."""
+    --fidelity-seeds is 0. A kind with `fidelity_budget(cfg, budget, train_images, buffers)` bounds the
+    `--fidelity-*` budget by what its generator costs (VQ-VAE-2: fedcli/generators/vqvae2/kind.py); config.json's
+    `classifier` records the budget the score trained."""
     if not cfg.fidelity_seeds:
         return None
     test = NodeDataset(manifest, node, "test")
@@ -219,6 +227,8 @@ def measure_fidelity(cfg: GanConfig, manifest: Manifest, node: str, seed: int, c
                                                 cfg.truncation)) for role, generator in generators.items()
               if role != RELEASED}
     budget = fidelity.config_budget(cfg, manifest)
+    if hasattr(kind, "fidelity_budget"):
+        budget = kind.fidelity_budget(cfg, budget, len(train), 1 + len(others))
     with StepProgress("train-gan", f"{node} fidelity score"):  # classifiers to train: a log goes on saying so
         scores = fidelity.score({"released": buffer, **others}, train, TensorSource(test.images, test.labels),
                                 budget, in_channels=manifest["channels"], num_classes=manifest.num_classes,
@@ -237,7 +247,8 @@ def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: s
     if saved.get("buffer", {}).get("decoded"):
         raise UserError(f"node {node}'s buffer is decoded codes of its real images, not samples; re-run fedcli "
                         "train-gan --overwrite instead of --sample-only")
-    if getattr(generator_kind(kind_name(saved)), "serial", False):
+    kind = generator_kind(kind_name(saved))
+    if getattr(kind, "serial", False):
         raise UserError(f"--sample-only re-samples per-node generators; node {node}'s {kind_name(saved)} was trained "
                         "serially with its prior: re-run fedcli train-gan --overwrite with the new --buffer-size")
     classes = saved["classes"]
@@ -246,7 +257,7 @@ def resample(cfg: GanConfig, manifest: Manifest, node: str, seed: int, device: s
     images, labels = sample_buffer(generators[RELEASED], classes, cfg.buffer_size, saved["seed"], node, device,
                                    cfg.truncation)
     data = NodeDataset(manifest, node, "train")
-    saved["fidelity"] = measure_fidelity(cfg, manifest, node, saved["seed"], classes, generators,
+    saved["fidelity"] = measure_fidelity(cfg, manifest, kind, node, saved["seed"], classes, generators,
                                          TensorSource(images, labels), TensorSource(data.images, data.labels), device)
     save_tensors(folder / BUFFER, {"images": images, "labels": labels}, buffer_metadata(node, manifest.content_hash))
     record = file_record(folder / BUFFER)
