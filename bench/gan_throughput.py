@@ -9,7 +9,12 @@ partition) and, when ../shared/data has it, PneumoniaMNIST (32 px) is trained wi
 before issue 13 (R1 gamma 0.05, ADA 20 kimg, EMA 2 kimg, no style mixing, no truncation; the ADA
 transform set is today's) and after it (the defaults), and the buffer's fidelity ratio is printed
 against the minutes of training. Minutes: 2 threads, about 5 per dataset.
-Run: .venv/bin/python bench/gan_throughput.py [--fidelity]
+
+`--compile` times fedcli's step compiled (--compile: torch.compile of D's forward and the synthesis network)
+against eager at the quickstart's 16 px and at 64 px: the compilation (the first steps), then steady steps in
+alternation, eager and compiled, median of the blocks; and whether two compiled runs from one seed give equal
+losses (compiled kernels are deterministic on CPU once compiled, or the option could not be fingerprinted).
+Run: .venv/bin/python bench/gan_throughput.py [--fidelity] [--compile]
 """
 
 from __future__ import annotations
@@ -89,6 +94,32 @@ def bench_training(resolution: int, channel_base: int, channel_max: int, percept
           f"bare {STEPS / t_bare:6.2f} it/s, fedcli {STEPS / t_fedcli:6.2f} it/s, ratio {t_fedcli / t_bare:.2f}")
 
 
+def bench_compile(resolution: int, channel_base: int, channel_max: int, perceptual, blocks: int = 5) -> None:
+    arch = Architecture(resolution=resolution, channels=1, num_classes=10, channel_base=channel_base,
+                        channel_max=channel_max)
+    reals = torch.rand(256, 1, resolution, resolution) * 2 - 1
+    labels = torch.arange(256) % 10
+
+    def trainer(compiled: bool) -> GanTrainer:
+        settings = TrainSettings(compile=compiled)
+        return GanTrainer(arch, settings, reals, labels, perceptual, PIXELS, torch.Generator().manual_seed(0), 1)
+
+    eager, compiled, again = trainer(False), trainer(True), trainer(True)
+    t_first = timed(lambda: [compiled.step() for _ in range(3)])
+    [eager.step() for _ in range(3)]
+    times = {"eager": [], "compiled": []}
+    for _ in range(blocks):
+        times["eager"].append(timed(lambda: [eager.step() for _ in range(STEPS)]) / STEPS)
+        times["compiled"].append(timed(lambda: [compiled.step() for _ in range(STEPS)]) / STEPS)
+    median = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    runs = [[t.step() for _ in range(5)] for t in (trainer(True), again)]
+    stable = runs[0] == runs[1]
+    print(f"compile {resolution}x{resolution}: eager {median['eager'] * 1000:7.1f} ms/step, compiled "
+          f"{median['compiled'] * 1000:7.1f} ms/step, speed-up {median['eager'] / median['compiled']:.2f}x "
+          f"(median of {blocks} blocks of {STEPS}); first 3 compiled steps {t_first:.1f} s; two compiled runs "
+          f"{'equal' if stable else 'DIFFER'}", flush=True)
+
+
 def bench_sampling(perceptual) -> None:
     arch = Architecture(resolution=32, channels=1, num_classes=10, channel_base=512, channel_max=64)
     G = Generator(arch).eval()
@@ -162,6 +193,10 @@ def main() -> None:
     perceptual = Perceptual("alex")
     print(f"{STEPS} iterations each, batch 32, 2 threads, {torch.__version__}, "
           f"device cpu")
+    if "--compile" in sys.argv:
+        bench_compile(16, 512, 64, perceptual)  # the quickstart
+        bench_compile(64, 1024, 64, perceptual)
+        return
     bench_training(32, 512, 64, perceptual, PIXELS)  # the quick configuration
     bench_training(16, 512, 64, perceptual, PIXELS)  # the quickstart
     bench_training(64, 1024, 64, perceptual, PIXELS)

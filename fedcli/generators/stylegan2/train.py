@@ -98,6 +98,8 @@ class GanTrainer:
         self.step_g, self.step_d = (Scaled(opt, settings.precision, device) for opt in (self.opt_g, self.opt_d))
         self.forward_d, self.synthesis = self.D, self.G.synthesis
         if settings.compile:
+            # every synthesis and D block is a code object compiled once per width: more than dynamo's default 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self.forward_d, self.synthesis = torch.compile(self.D), torch.compile(self.G.synthesis)
         self.private = None
         if dp is not None:
