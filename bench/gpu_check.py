@@ -140,9 +140,11 @@ STEP_CHECKS = {"gan": gan_loss, "dp-sgd": dp_loss, "vqvae2": vqvae_loss, "classi
                "projection": projection_loss}
 
 
-def check_steps(findings: Findings, device: str, inject: str | None) -> None:
+def check_steps(findings: Findings, device: str, inject: str | None, only: str | None) -> None:
     reduced = ["bf16"] + (["fp16"] if device == "cuda" else [])
     for name, run in STEP_CHECKS.items():
+        if only not in (None, name):
+            continue
         values = {}
         for precision in ["fp32", *reduced]:
             start = time.perf_counter()
@@ -205,6 +207,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, smallest sizes, no study table")
     parser.add_argument("--inject-nan", choices=sorted(STEP_CHECKS), help="fill this step's inputs with NaN")
     parser.add_argument("--steps-only", action="store_true", help="only the step checks: no engines, no table")
+    parser.add_argument("--only", choices=sorted(STEP_CHECKS), help="of the step checks, this one")
     parser.add_argument("--findings", type=Path, default=Path("gpu-check-findings.txt"))
     args = parser.parse_args()
     device = "cpu" if args.dry_run else "cuda"
@@ -214,7 +217,7 @@ def main() -> int:
     findings = Findings(args.findings)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)"
     findings.add("device", True, f"{name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    check_steps(findings, device, args.inject_nan)
+    check_steps(findings, device, args.inject_nan, args.only)
     if not args.steps_only:
         check_engines(findings, device)
     if not (args.dry_run or args.steps_only):

@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 CPU_BATCH = 2  # images per step on CPU, scaled to the recipe's batch
-WARMUP, TIMED = 1, 2  # steps
+CAP_S = 600.0  # seconds a measurement may take (--cap-s); a CPU without bf16 units emulates it, slowly
+WARMUP, TIMED = 1, 1  # steps: one to warm up (allocation, oneDNN primitives), one timed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,14 +152,27 @@ def measure(index: int, precision: str) -> dict:
             "hours": seconds * scale * component.steps / 3600}
 
 
+def over_cap(component: Component, precision: str, cap: float) -> dict:
+    """A measurement that did not end within `cap` seconds: its step takes longer than the cap less the set-up."""
+    return {"component": component.name, "recipe": component.recipe, "precision": precision, "over_cap_s": cap,
+            "batch": CPU_BATCH, "recipe_batch": component.batch, "steps": component.steps}
+
+
+def cells(r: dict) -> str:
+    if "over_cap_s" in r:
+        return f"not done in {r['over_cap_s']:.0f} s | | over {r['over_cap_s'] * r['recipe_batch'] / r['batch'] / 2:,.0f} | " \
+               f"{r['steps']:,} | |"
+    return (f"{r['peak_mib']:,.0f} | {r['projected_mib']:,.0f} | {r['step_s']:.2f} | {r['steps']:,} | "
+            f"{r['hours']:,.1f} |")
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| component | recipe | precision | batch measured / recipe's | peak MiB measured | MiB at recipe's "
              "batch | s per step at recipe's batch | steps | projected hours |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['component']} | {r['recipe']} | {r['precision']} | {r['batch']} / {r['recipe_batch']} | "
-                     f"{r['peak_mib']:,.0f} | {r['projected_mib']:,.0f} | {r['step_s']:.2f} | {r['steps']:,} | "
-                     f"{r['hours']:,.1f} |")
+                     + cells(r))
     return "\n".join(lines)
 
 
@@ -167,6 +181,7 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32,bf16")
     parser.add_argument("--only", default="", help="comma-separated component indices")
     parser.add_argument("--out", help="also write the rows as JSON here")
+    parser.add_argument("--cap-s", type=float, default=CAP_S, help="seconds one measurement may take")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
@@ -176,12 +191,16 @@ def main() -> None:
     rows = []
     for index in indices:
         for precision in args.precision.split(","):
-            done = subprocess.run([sys.executable, __file__, "--one", str(index), "--precision", precision],
-                                  capture_output=True, text=True, check=True)
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"{rows[-1]['component']} {precision}: {rows[-1]['step_s']:.2f} s/step, "
-                  f"{rows[-1]['projected_mib']:,.0f} MiB", file=sys.stderr, flush=True)
-    print(f"device: {rows[0]['device']}, threads: {torch.get_num_threads()}, torch {torch.__version__}")
+            try:
+                done = subprocess.run([sys.executable, __file__, "--one", str(index), "--precision", precision],
+                                      capture_output=True, text=True, check=True, timeout=args.cap_s)
+                rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            except subprocess.TimeoutExpired:
+                rows.append(over_cap(COMPONENTS[index], precision, args.cap_s))
+            print(f"{rows[-1]['component']} {precision}: {rows[-1].get('step_s', 'over the cap')} s/step",
+                  file=sys.stderr, flush=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"device: {device}, threads: {torch.get_num_threads()}, torch {torch.__version__}")
     print(table(rows))
     if args.out:
         with open(args.out, "w") as handle:

@@ -171,3 +171,8 @@ def test_a_bf16_feder_round_is_finite_and_within_5_percent_of_fp32(cli, gan3_exp
         assert ("precision" in (run / "config.json").read_text()) == (precision != "fp32")
     assert torch.isfinite(losses["bf16"]).all() and not torch.equal(losses["bf16"], losses["fp32"])
     assert torch.allclose(losses["bf16"], losses["fp32"], rtol=0.05), losses
+
+
+def test_a_default_run_records_neither_option(gan3_exp):
+    text = (gan3_exp / "gan" / "node0" / "config.json").read_text()
+    assert '"precision"' not in text and '"compile"' not in text  # config.json as before the options existed

@@ -297,8 +297,12 @@ def to_json(cfg) -> dict[str, Any]:
         return str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
 
     options = {f.name for f in user_fields(cfg)}
-    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()
-            if k in options and not (k in RECORDED_WHEN_SET and v == RECORDED_WHEN_SET[k])}
+    return recorded({k: plain(v) for k, v in dataclasses.asdict(cfg).items() if k in options})
+
+
+def recorded(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` less the options at their RECORDED_WHEN_SET value, as config.json records them."""
+    return {k: v for k, v in values.items() if not (k in RECORDED_WHEN_SET and v == RECORDED_WHEN_SET[k])}
 
 
 def read_recipe(path: Path) -> dict[str, Any]:

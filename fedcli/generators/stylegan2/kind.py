@@ -26,6 +26,7 @@ from fedcli.core.rng import numpy_stream, stream_seed, torch_stream
 from fedcli.data.dataset import NodeDataset, to_float
 from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
+from fedcli.experiment.config import recorded
 from fedcli.experiment.paths import (GENERATOR, GENERATOR_CONTROL, GENERATOR_PHASE1, GENERATOR_REFERENCE,
                                      GENERATOR_RESEEDED, GENERATOR_TINY, PHASE1_STATE)
 from fedcli.generators import fid, fidelity, private
@@ -231,7 +232,7 @@ class NodeTraining:
                                              [row for row in rows if row["phase"] == 1])
         names = metric_names(self.perceptual, features)
         record = {"architecture": dataclasses.asdict(self.arch), "train_images": len(data), "device": device,
-                  "settings": dataclasses.asdict(trainer.s), "lpips": self.perceptual.record(),
+                  "settings": recorded(dataclasses.asdict(trainer.s)), "lpips": self.perceptual.record(),
                   "fid": {"name": features.name, "calibrated": features.calibrated}, "metric_names": names,
                   **phases_record(cfg, trainer, phases)}
         if reseeded is not None:

@@ -96,11 +96,11 @@ class GanTrainer:
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=settings.lr * r1_ratio,
                                       betas=(0.0, 0.99 ** r1_ratio))
         self.step_g, self.step_d = (Scaled(opt, settings.precision, device) for opt in (self.opt_g, self.opt_d))
-        self.forward_d, self.synthesis = self.D, self.G.synthesis
+        self.compiled = None  # (D's forward, the synthesis network) under --compile
         if settings.compile:
             # every synthesis and D block is a code object compiled once per width: more than dynamo's default 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            self.forward_d, self.synthesis = torch.compile(self.D), torch.compile(self.G.synthesis)
+            self.compiled = torch.compile(self.D), torch.compile(self.G.synthesis)
         self.private = None
         if dp is not None:
             check_per_sample(self.D, arch, generator)
@@ -155,7 +155,8 @@ class GanTrainer:
                 cutoff = int(torch.randint(1, self.G.num_ws, (), generator=self.rng, device=self.rng.device))
                 other = self.G.styles(self._randn(len(labels), self.arch.z_dim), labels)
                 w = torch.stack([w if i < cutoff else other for i in range(self.G.num_ws)], dim=1)
-        return self.synthesis(w, generator=self.rng)
+        synthesis = self.compiled[1] if self.compiled else self.G.synthesis
+        return synthesis(w, generator=self.rng)
 
     # -- one iteration -----------------------------------------------------------------------
     def step(self, alpha: float = 0.0) -> dict[str, float]:
@@ -170,7 +171,7 @@ class GanTrainer:
             fakes = self._generate(fake_labels, track=True)
         augmented_reals = ada.augment(reals, p, self.rng)  # under DP p stays 0: the reals themselves
         with (full if self.private is not None else autocast)(s.precision, self.device):
-            fake_logits = self.forward_d(ada.augment(fakes, p, self.rng), fake_labels).float()
+            fake_logits = self._forward_d(ada.augment(fakes, p, self.rng), fake_labels).float()
         do_r1 = s.r1_gamma > 0 and self.iteration % s.r1_every == 0
         if self.private is not None:
             loss_d = self._private_d_step(augmented_reals, real_labels, fake_logits, do_r1)
@@ -182,7 +183,7 @@ class GanTrainer:
         gen_labels = self._fake_labels(b)
         with self._amp():
             fakes = self._generate(gen_labels)
-            logits = self.forward_d(ada.augment(fakes, p, self.rng), gen_labels)
+            logits = self._forward_d(ada.augment(fakes, p, self.rng), gen_labels)
         loss_g = losses.g_nonsaturating(logits.float())
         metrics = {"loss_g": loss_g.item(), "loss_d": loss_d.item(), "r1": r1.item() if do_r1 else math.nan,
                    "ada_p": p, "rt": self.ada.rt}
@@ -212,7 +213,7 @@ class GanTrainer:
                 r1, real_logits = losses.r1_penalty(self.D, augmented_reals, real_labels)
         else:
             with self._amp():
-                r1, real_logits = torch.zeros((), device=self.device), self.forward_d(augmented_reals, real_labels)
+                r1, real_logits = torch.zeros((), device=self.device), self._forward_d(augmented_reals, real_labels)
             real_logits = real_logits.float()
         loss_d = losses.d_logistic(real_logits, fake_logits) + (s.r1_gamma / 2) * r1 * s.r1_every * do_r1
         self.opt_d.zero_grad(set_to_none=True)
@@ -230,6 +231,9 @@ class GanTrainer:
         with full(s.precision, self.device):
             self.private.d_step(reals, real_labels, r1_weight, fake_loss)
         return fake_loss.detach()
+
+    def _forward_d(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return (self.compiled[0] if self.compiled else self.D)(images, labels)
 
     def _amp(self):
         return autocast(self.s.precision, self.device)
