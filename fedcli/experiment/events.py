@@ -9,8 +9,8 @@ does not write, a unit test), does nothing. The file is appended to: a rerun or 
 after a `start` line of its own, and a run that ends writes an `end` line (`"ok": false` when it failed), so
 an interrupted one is the run without one. Each line is one `write` on a file opened for appending, which
 other processes (two `train-gan --node` runs) cannot interleave. Nothing under `logs/` is an artifact: no
-stage reads it back and no fingerprint covers it. A run that fails before its stage opens the log writes
-nothing there.
+stage reads it back and no fingerprint covers it. A stage refused by a user error before its first result
+leaves the log as it was (its start line withdrawn), as every refusal leaves the experiment.
 """
 
 from __future__ import annotations
@@ -78,14 +78,18 @@ class StageLog:
 
     def __init__(self, exp: Path, stage: str, tensorboard: bool, start: Mapping[str, Any]):
         self.exp, self.stage, self.tensorboard = exp, stage, tensorboard
-        path = events_path(exp, stage)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        self.path = events_path(exp, stage)
+        self._size = self.path.stat().st_size if self.path.is_file() else None  # what a withdrawal restores
+        self._made = [d for d in reversed(self.path.parents) if not d.exists()]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         self._boards: dict[str, Any] = {}
+        self.recorded = False
         self._line("start", {"stage": stage, **start})
 
     def write(self, event: str, fields: Mapping[str, Any], run: str | None, scalars: Mapping[str, float] | None,
               step: int) -> None:
+        self.recorded = True
         self._line(event, fields)
         board = self.board(run) if scalars else None
         if board is not None:
@@ -112,6 +116,17 @@ class StageLog:
         for board in self._boards.values():
             board.close()
 
+    def withdraw(self) -> None:
+        """Leave the log as it was before this run: a stage refused before its first result (a user error in its
+        set-up) leaves nothing behind, as every refusal does."""
+        os.close(self._fd)
+        if self._size is None:
+            self.path.unlink()
+            for folder in reversed(self._made):
+                folder.rmdir()
+        else:
+            os.truncate(self.path, self._size)
+
 
 @contextlib.contextmanager
 def stage_log(exp: Path, stage: str, **start: Any) -> Iterator[StageLog]:
@@ -119,13 +134,21 @@ def stage_log(exp: Path, stage: str, **start: Any) -> Iterator[StageLog]:
     `start`'s fields, is written now, so a reader sees the stage begin before its first result."""
     log = StageLog(exp, stage, _tensorboard.get(), start)
     token = _open_log.set(log)
-    ok = False
     try:
         yield log
-        ok = True
-    finally:
+    except UserError:
         _open_log.reset(token)
-        log.close(ok)
+        if log.recorded:
+            log.close(False)
+        else:
+            log.withdraw()
+        raise
+    except BaseException:
+        _open_log.reset(token)
+        log.close(False)
+        raise
+    _open_log.reset(token)
+    log.close(True)
 
 
 def record(event: str, fields: Mapping[str, Any], run: str | None = None,
