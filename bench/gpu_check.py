@@ -56,38 +56,36 @@ def small_gan(size: int):
                         channel_max=64)
 
 
-def gan_loss(precision: str, device: str, inject: bool) -> float:
+def gan_trainer(precision: str, device: str, inject: bool, dp=None):
+    """A small GAN's trainer on random images (NaN with `inject`); with `dp`, its D trains by DP-SGD."""
     from fedcli.generators.fid import FeatureSpace
     from fedcli.generators.perceptual import Perceptual
     from fedcli.generators.stylegan2.train import GanTrainer, TrainSettings
 
     size = SIZE[device]
-    arch = small_gan(size)
     pixels = FeatureSpace(lambda images: F.avg_pool2d(images, 8).flatten(1), "pixels", False)
     reals = poisoned(torch.rand(32, 1, size, size) * 2 - 1, inject)
-    trainer = GanTrainer(arch, TrainSettings(batch=8, fid_images=8, precision=precision, style_mixing=0.0), reals,
-                         torch.arange(32) % 2, Perceptual("alex"), pixels, torch.Generator(device=device).manual_seed(0),
-                         init_seed=1, device=device)
+    return GanTrainer(small_gan(size), TrainSettings(batch=8, fid_images=8, precision=precision, style_mixing=0.0),
+                      reals, torch.arange(32) % 2, Perceptual("alex"), pixels,
+                      torch.Generator(device=device).manual_seed(0), init_seed=1, device=device, dp=dp,
+                      noise=torch.Generator(device=device).manual_seed(1))
+
+
+def gan_loss(precision: str, device: str, inject: bool) -> float:
+    trainer = gan_trainer(precision, device, inject)
     return [trainer.step(alpha=1.0) for _ in range(STEPS)][-1]["loss_d"]
 
 
 def dp_loss(precision: str, device: str, inject: bool) -> float:
-    """The DP-SGD discriminator step (per-example clipping and noise, fp32 under any --precision)."""
-    from fedcli.generators.fid import FeatureSpace
-    from fedcli.generators.perceptual import Perceptual
+    """The DP-SGD discriminator step (per-example clipping and noise, fp32 under any --precision): the sum of D's
+    weights after it, since under DP no loss computed from real images is logged."""
     from fedcli.generators.private import DpPlan
-    from fedcli.generators.stylegan2.networks import Architecture
-    from fedcli.generators.stylegan2.train import GanTrainer, TrainSettings
 
-    arch = Architecture(resolution=16, channels=1, num_classes=2, z_dim=16, w_dim=16, channel_base=128, channel_max=16)
-    pixels = FeatureSpace(lambda images: F.avg_pool2d(images, 4).flatten(1), "pixels", False)
     plan = DpPlan(target_epsilon=8.0, delta=1e-3, max_grad_norm=1.0, sample_rate=0.25, steps=STEPS,
                   noise_multiplier=1.0, images=32)
-    reals = poisoned(torch.rand(32, 1, 16, 16) * 2 - 1, inject)
-    trainer = GanTrainer(arch, TrainSettings(batch=8, fid_images=8, precision=precision), reals, torch.arange(32) % 2,
-                         Perceptual("alex"), pixels, torch.Generator(device=device).manual_seed(0), init_seed=1,
-                         device=device, dp=plan, noise=torch.Generator(device=device).manual_seed(1))
-    [trainer.step() for _ in range(STEPS)]
+    trainer = gan_trainer(precision, device, inject, dp=plan)
+    for _ in range(STEPS):
+        trainer.step()
     return float(sum(p.detach().double().sum() for p in trainer.D.parameters()))
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from fedcli.core.errors import UserError
 from fedcli.data.pixelscale import Scale
-from fedcli.experiment.artifacts import canonical_json, read_json, sha256_bytes
+from fedcli.experiment.artifacts import json_sha256, read_json
 from fedcli.experiment.config import MAX_IMAGE_SIZE
 from fedcli.experiment.names import check_name, check_names
 
@@ -36,7 +36,7 @@ REQUIRED = ("source", "scheme", "seed", "image_size", "channels", "label_names",
 
 def content_hash(data: dict[str, Any]) -> str:
     hashed = {k: v for k, v in data.items() if k not in UNHASHED}
-    return sha256_bytes(canonical_json(hashed).encode())
+    return json_sha256(hashed)
 
 
 def manifest_path(exp: Path) -> Path:

@@ -120,6 +120,11 @@ def sha256_bytes(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def json_sha256(value: Any) -> str:
+    """The hash of a JSON value as canonical_json writes it: the same for equal values, whatever their key order."""
+    return sha256_bytes(canonical_json(value).encode())
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -19,8 +19,8 @@ from fedcli.data.manifest import Manifest
 from fedcli.data.tensor_source import TensorSource
 from fedcli.experiment import events
 from fedcli.experiment.artifact_kinds import file_sha256, record_files
-from fedcli.experiment.artifacts import (canonical_json, check_output_free, check_writable, provenance, save_tensors,
-                                         sha256_bytes, staged_output, write_csv, write_json)
+from fedcli.experiment.artifacts import (check_output_free, check_writable, json_sha256, provenance, save_tensors,
+                                         staged_output, write_csv, write_json)
 from fedcli.experiment.config import architectures, settled
 from fedcli.experiment.names import check_not_reserved
 from fedcli.experiment.paths import BUFFER, CODES, PREDICTIONS, federate_dir, gan_dir
@@ -213,10 +213,6 @@ def start_fields(resolved: dict[tuple[str, int | None], dict]) -> dict:
     of the config its config.json records."""
     return {"runs": [{"strategy": name, "fold": fold, "options": json_sha256(computed(config)),
                       "config": json_sha256(config)} for (name, fold), config in resolved.items()]}
-
-
-def json_sha256(value) -> str:
-    return sha256_bytes(canonical_json(value).encode())
 
 
 def computed(resolved: dict) -> dict:

@@ -12,7 +12,6 @@ it, nothing upstream.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -21,14 +20,14 @@ from fedcli import __version__
 from fedcli.core.environment import environment
 from fedcli.core.errors import UserError
 from fedcli.experiment.artifact_kinds import CONFIG, file_sha256, output_files, stale_inputs
-from fedcli.experiment.artifacts import canonical_json, read_json, write_json
+from fedcli.experiment.artifacts import json_sha256, read_json, write_json
 from fedcli.experiment.subexperiments import LEDGER, REMAKE_LEDGER
 
 
 def fingerprint(unit: str, config: dict[str, Any], upstream: list[str]) -> str:
     payload = {"unit": unit, "config": config, "upstream": sorted(upstream), "fedcli": __version__,
                "torch": environment()["torch"]}
-    return "sha256:" + hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+    return json_sha256(payload)
 
 
 def output_hashes(folder: Path) -> dict[str, str]:
